@@ -1,0 +1,1 @@
+"""One module per lab: the checks (judge side) and, beside it, its probes (child side)."""

@@ -1,0 +1,79 @@
+"""The command line: parse, delegate, print. Exit 0 all passed, 1 any failed, 2 usage error."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from labkit import labs
+
+
+class UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # argparse exits 2 as well; keep its message short
+        self.print_usage(sys.stderr)
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def parser() -> argparse.ArgumentParser:
+    top = _Parser(prog="python -m labkit", description="Delivered Twice, Applied Once — the judge.")
+    sub = top.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    check = sub.add_parser("check", help="run a lab's checks against a student's module")
+    check.add_argument("lab", help="outbox or vending")
+    check.add_argument("--solution", required=True, type=Path, help="the student's module file")
+    check.add_argument("--step", action="append", help="only this step (a number or 'final'); repeatable")
+    check.add_argument("--seed", type=int, help="seed for the randomised cases (printed)")
+    check.add_argument("--json", action="store_true", help="print one JSON object")
+    grade = sub.add_parser("grade", help="grade submitted notebooks")
+    grade.add_argument("paths", nargs="+", type=Path, metavar="PATH")
+    grade.add_argument("--out", required=True, type=Path)
+    grade.add_argument("--jobs", type=int)
+    grade.add_argument("--seed", type=int, help="seed for the hidden cases (recorded in the gradebook)")
+    grade.add_argument("--force", action="store_true", help="regrade submissions already graded")
+    return top
+
+
+def run_check(args: argparse.Namespace) -> int:
+    from labkit.judge import run_lab
+    from labkit.render_text import render_lab
+
+    try:
+        lab = labs.load(args.lab)
+    except KeyError:
+        raise UsageError(f"unknown lab {args.lab!r}; known: {', '.join(labs.available())}") from None
+    if not args.solution.is_file():
+        raise UsageError(f"no such file: {args.solution}")
+    steps = args.step or None
+    for step in steps or []:
+        try:
+            lab.step(step)
+        except KeyError:
+            raise UsageError(f"lab {args.lab} has no step {step!r}") from None
+    verdict = run_lab(lab, args.solution.resolve(), steps, args.seed)
+    if args.json:
+        print(json.dumps(verdict.to_json(), ensure_ascii=False))
+    else:
+        print(render_lab(verdict))
+    return 0 if verdict.passed else 1
+
+
+def run_grade(args: argparse.Namespace) -> int:
+    from labkit.grading import cli_grade
+
+    return cli_grade(args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        if args.command == "check":
+            return run_check(args)
+        return run_grade(args)
+    except UsageError as exc:
+        print(f"python -m labkit: error: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,153 @@
+"""Turn what a child reported into cases: expected vs. got, and a hint that names the mistake.
+
+A check declares its cases as `Plan`s. Each plan has a `check` that reads the child's
+record and returns None (pass) or a `Miss` saying what happened instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from labkit.child import ChildRun
+from labkit.values import decode, same, show
+from labkit.verdict import Case, Outcome
+
+SKELETON_HINT = "Replace `raise NotImplementedError` in this step's cell with your code, run the cell, then run this check again."
+
+
+@dataclass
+class Miss:
+    got: str
+    hint: str = ""
+    outcome: Outcome = Outcome.WRONG
+
+
+@dataclass
+class Plan:
+    name: str
+    called: str
+    expected: str
+    check: Callable[[dict], Miss | None]
+    hint: str = ""
+
+
+def value_of(record: dict) -> Any:
+    return decode(record["outcome"]["value"])
+
+
+def describe(outcome: dict) -> str:
+    kind = outcome.get("kind")
+    if kind == "returned":
+        return f"returned {show(decode(outcome['value']))}"
+    if kind == "raised":
+        message = outcome.get("message", "")
+        return f"raised {outcome['type']}" + (f": {message}" if message else "")
+    if kind == "not_implemented":
+        return "still raises NotImplementedError (the skeleton)"
+    if kind == "missing":
+        return "the function is not defined in your module"
+    return str(outcome)
+
+
+def returns(expected: Any, hint: str = "") -> Callable[[dict], Miss | None]:
+    def check(record: dict) -> Miss | None:
+        outcome = record["outcome"]
+        if outcome["kind"] == "returned" and same(value_of(record), expected):
+            return None
+        return Miss(describe(outcome), hint)
+
+    return check
+
+
+def raises(name: str, hint: str = "") -> Callable[[dict], Miss | None]:
+    """The call must raise `name` or a subclass of it (matched by class name)."""
+
+    def check(record: dict) -> Miss | None:
+        outcome = record["outcome"]
+        if outcome["kind"] == "raised" and name in outcome.get("mro", []):
+            return None
+        return Miss(describe(outcome), hint)
+
+    return check
+
+
+def _special(record: dict, plan: Plan) -> Case | None:
+    """Skeleton and missing functions are reported the same way in every check."""
+    kind = record["outcome"].get("kind")
+    if kind == "not_implemented":
+        return Case(plan.name, Outcome.NOT_IMPLEMENTED, plan.called, plan.expected,
+                    "not implemented yet", SKELETON_HINT)
+    if kind == "missing":
+        return Case(plan.name, Outcome.MISSING, plan.called, plan.expected,
+                    "the function is not defined in your module",
+                    "Run the step's cell (it writes your code into the module), and keep the function's name.")
+    return None
+
+
+def judge(run: ChildRun, plans: list[Plan], timeout: float) -> list[Case]:
+    """One Case per plan, also when the child hung, died or never imported the module."""
+    if run.import_error is not None or not run.imported:
+        return import_cases(run, plans, timeout)
+    reported = run.cases()
+    stuck = run.unfinished_case()
+    cases = []
+    for plan in plans:
+        record = reported.get(plan.name)
+        if record is None:
+            cases.append(_unreported(run, plan, stuck, timeout))
+            continue
+        special = _special(record, plan)
+        if special is not None:
+            cases.append(special)
+            continue
+        miss = plan.check(record)
+        if miss is None:
+            cases.append(Case(plan.name, Outcome.PASSED, plan.called, plan.expected))
+            continue
+        outcome = miss.outcome
+        trace = ""
+        if record["outcome"].get("kind") == "raised" and outcome is Outcome.WRONG:
+            outcome = Outcome.RAISED
+            trace = record["outcome"].get("trace", "")
+        cases.append(Case(plan.name, outcome, plan.called, plan.expected, miss.got,
+                          miss.hint or plan.hint, trace))
+    return cases
+
+
+def _unreported(run: ChildRun, plan: Plan, stuck: str | None, timeout: float) -> Case:
+    if plan.name != stuck:
+        return Case(plan.name, Outcome.NOT_REACHED, plan.called, plan.expected,
+                    "not run: an earlier case in this step hung or ended the process")
+    if run.timed_out:
+        return Case(plan.name, Outcome.TIMED_OUT, plan.called, plan.expected,
+                    f"no answer within {timeout:g} s; the process was killed",
+                    "Look for a loop that never ends or a wait without a timeout.")
+    if run.aborted is not None:
+        return Case(plan.name, Outcome.RAISED, plan.called, plan.expected,
+                    f"ended the process: {describe(run.aborted)}",
+                    "Don't call sys.exit() or raise BaseException subclasses from lab functions.",
+                    run.aborted.get("trace", ""))
+    return Case(plan.name, Outcome.DIED, plan.called, plan.expected,
+                f"the process died (exit code {run.exit_code}) before answering",
+                "Something in your code ended the interpreter (os._exit, a crash, or the memory limit).")
+
+
+def import_cases(run: ChildRun, plans: list[Plan], timeout: float) -> list[Case]:
+    """Every case fails the same way when the module itself cannot be loaded."""
+    got, hint, trace = import_problem(run, timeout)
+    return [Case(p.name, Outcome.IMPORT_FAILED, p.called, p.expected, got, hint, trace) for p in plans]
+
+
+def import_problem(run: ChildRun, timeout: float) -> tuple[str, str, str]:
+    error = run.import_error
+    if error is not None:
+        return (f"importing your module failed: {describe(error)}",
+                "Fix the error above; run every step cell from the top so the module is complete.",
+                error.get("trace", ""))
+    if run.timed_out:
+        return (f"importing your module did not finish within {timeout:g} s",
+                "Code at the top level of a cell runs on import: move experiments out of step cells.", "")
+    return (f"the process died while importing your module (exit code {run.exit_code})",
+            "Code at the top level of a step cell ran os._exit or crashed the interpreter.", "")

@@ -1,0 +1,157 @@
+"""Run a lab's checks against a student's module file and return a verdict.
+
+The judge never imports the student's code: each step runs in its own child process
+(see `child`), and the judge compares what the child reports with what it observes
+itself — the DB files through its own connections, the servers' logs, exit codes.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from labkit import expect, reaper
+from labkit.child import ChildRun, run_child
+from labkit.limits import step_timeout
+from labkit.verdict import Case, Evidence, LabVerdict, Outcome, StepVerdict
+
+
+@dataclass
+class StepSpec:
+    step: int | str
+    title: str
+    points: int
+    run: Callable[[StepContext], list[Case]]
+    requires: tuple[int, ...] = ()
+
+
+@dataclass
+class LabSpec:
+    name: str
+    module_name: str  # what the student's file is imported as, e.g. "worker"
+    probes: str  # the module whose functions run inside the child
+    steps: list[StepSpec]
+
+    def step(self, number: int | str) -> StepSpec:
+        for spec in self.steps:
+            if str(spec.step) == str(number):
+                return spec
+        raise KeyError(number)
+
+
+@dataclass
+class StepContext:
+    """What one step's check gets: a temp dir, a seeded RNG, and a way to run a child."""
+
+    lab: LabSpec
+    solution: Path
+    workdir: Path
+    rng: random.Random
+    seed: int
+    timeout: float
+    evidence: Evidence = field(default_factory=Evidence)
+    markers: list[str] = field(default_factory=list)
+
+    def child(self, probe: str, args: dict, *, timeout: float | None = None,
+              env: dict[str, str] | None = None) -> ChildRun:
+        marker = reaper.new_marker()
+        self.markers.append(marker)
+        return run_child(self.solution, f"{self.lab.probes}:{probe}", args, workdir=self.workdir,
+                         timeout=timeout or self.timeout, marker=marker,
+                         module_name=self.lab.module_name, env=env)
+
+    def cases(self, probe: str, plans: list[expect.Plan], args: dict | None = None,
+              env: dict[str, str] | None = None) -> list[Case]:
+        """The usual shape of a step: one child runs every plan, then each is judged."""
+        run = self.child(probe, {"cases": [p.name for p in plans], **(args or {})}, env=env)
+        return expect.judge(run, plans, self.timeout)
+
+    def path(self, name: str) -> Path:
+        return self.workdir / name
+
+
+def _run_step(lab: LabSpec, spec: StepSpec, solution: Path, seed: int, timeout: float) -> StepVerdict:
+    started = time.monotonic()
+    workdir = Path(tempfile.mkdtemp(prefix="labkit-"))
+    ctx = StepContext(lab, solution, workdir, random.Random(f"{seed}:{spec.step}"), seed, timeout)
+    verdict = StepVerdict(spec.step, spec.title, spec.points)
+    try:
+        verdict.cases = spec.run(ctx)
+    except Exception as exc:  # a bug in a check must still give a verdict, not a traceback
+        verdict.cases = [Case("check", Outcome.RAISED, got=f"the checker itself failed: {exc!r}",
+                              hint="This is a bug in the course, not in your code: please report it.")]
+    finally:
+        for marker in ctx.markers:
+            reaper.kill_marked(marker)
+        shutil.rmtree(workdir, ignore_errors=True)
+    if ctx.evidence.timeline or ctx.evidence.ladder or ctx.evidence.faults:
+        verdict.evidence = ctx.evidence
+    verdict.seconds = time.monotonic() - started
+    return verdict
+
+
+def _import_failure(lab: LabSpec, solution: Path, timeout: float) -> tuple[str, str, str] | None:
+    """Load the module once before any step: a module that can't load fails every step once."""
+    workdir = Path(tempfile.mkdtemp(prefix="labkit-"))
+    marker = reaper.new_marker()
+    try:
+        run = run_child(solution, "labkit.probe:noop", {}, workdir=workdir, timeout=timeout,
+                        marker=marker, module_name=lab.module_name)
+    finally:
+        reaper.kill_marked(marker)
+        shutil.rmtree(workdir, ignore_errors=True)
+    if run.imported:
+        return None
+    return expect.import_problem(run, timeout)
+
+
+def run_lab(lab: LabSpec, solution: Path, steps: Sequence[int | str] | None = None,
+            seed: int | None = None, jobs: int = 2, timeout: float | None = None) -> LabVerdict:
+    started = time.monotonic()
+    reaper.become_subreaper()
+    seed = random.randrange(1, 2**31) if seed is None else seed
+    timeout = timeout or step_timeout()
+    chosen = [lab.step(s) for s in steps] if steps else list(lab.steps)
+    verdict = LabVerdict(lab.name, seed)
+    problem = _import_failure(lab, solution, timeout)
+    if problem is not None:
+        got, hint, trace = problem
+        for spec in chosen:
+            step = StepVerdict(spec.step, spec.title, spec.points)
+            step.cases = [Case("import", Outcome.IMPORT_FAILED, f"import {lab.module_name}", "the module loads", got, hint, trace)]
+            verdict.steps.append(step)
+        verdict.seconds = time.monotonic() - started
+        return verdict
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        results = list(pool.map(lambda spec: _run_step(lab, spec, solution, seed, timeout), chosen))
+    _explain_dependencies(lab, results, solution, seed, timeout)
+    verdict.steps = results
+    verdict.seconds = time.monotonic() - started
+    return verdict
+
+
+def _explain_dependencies(lab: LabSpec, results: list[StepVerdict], solution: Path, seed: int,
+                          timeout: float) -> None:
+    """A step that fails because a step it builds on fails should say so, and name it."""
+    known = {str(v.step): v for v in results}
+    for verdict in results:
+        spec = lab.step(verdict.step)
+        if verdict.passed or verdict.not_implemented or not spec.requires:
+            continue
+        failing = []
+        for number in spec.requires:
+            if str(number) not in known:  # run only on demand: passing code never pays for this
+                known[str(number)] = _run_step(lab, lab.step(number), solution, seed, timeout)
+            if not known[str(number)].passed:
+                failing.append(known[str(number)])
+        if failing:
+            names = " and ".join(f"step {v.step} ({v.title})" for v in failing)
+            verb = "does" if len(failing) == 1 else "do"
+            verdict.note = (f"This step builds on {names}, which {verb} not pass yet. "
+                            f"Fix that first; this step's failures may follow from it.")

@@ -1,0 +1,29 @@
+"""Every limit and default the judge uses, declared once."""
+
+# Wall-clock budget for one step's child process (import + all cases). Generous on purpose:
+# verdicts must not change when both cores are busy; a hang costs this much once.
+STEP_TIMEOUT = 10.0
+# Budget for one process in a crash scenario (a single dispatch or client run).
+SCENARIO_TIMEOUT = 10.0
+# Child processes get this much address space; a memory hog dies with MemoryError.
+CHILD_MEMORY_BYTES = 1024 * 1024 * 1024
+# Captured stdout/stderr of a child, per stream.
+CHILD_OUTPUT_BYTES = 64 * 1024
+# How long a killed process group may take to disappear before we stop waiting.
+KILL_GRACE = 2.0
+# The exit code the kill hooks use: "the process really died at this point".
+KILL_EXIT_CODE = 73
+# Environment variable that marks every process started for one judge run.
+RUN_MARKER = "LABKIT_RUN"
+# Environment variable that overrides STEP_TIMEOUT and SCENARIO_TIMEOUT (tests of hangs).
+TIMEOUT_ENV = "LABKIT_STEP_TIMEOUT"
+
+
+def step_timeout() -> float:
+    import os
+
+    value = os.environ.get(TIMEOUT_ENV)
+    try:
+        return float(value) if value else STEP_TIMEOUT
+    except ValueError:
+        return STEP_TIMEOUT

@@ -1,0 +1,95 @@
+"""The child's side of a check: call the student's functions and report what happened.
+
+Runs inside the child process only. Each record is one JSON line on the result pipe; the
+judge never sees the student's objects, only these descriptions of them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import traceback
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+from labkit.values import encode
+
+_out = None
+_module_file = ""
+
+
+def attach(fd: int, module_file: str) -> None:
+    global _out, _module_file
+    _out = os.fdopen(fd, "w", buffering=1, encoding="utf-8", closefd=True)
+    _module_file = os.path.realpath(module_file)
+
+
+def emit(record: dict) -> None:
+    # A write before os._exit must not wait in a buffer: flush every record.
+    assert _out is not None, "probe.attach() was not called"
+    _out.write(json.dumps(record, separators=(",", ":")) + "\n")
+    _out.flush()
+
+
+def trace_of(exc: BaseException) -> str:
+    """The student's own frames only; frames of the probe and the standard library are noise."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if os.path.realpath(f.filename) == _module_file]
+    lines = traceback.format_list(frames[-6:])
+    lines += traceback.format_exception_only(type(exc), exc)
+    return "".join(lines)[-2000:]
+
+
+def describe_exception(exc: BaseException) -> dict:
+    kind = type(exc)
+    if isinstance(exc, NotImplementedError):
+        return {"kind": "not_implemented", "message": str(exc)[:300]}
+    try:
+        message = str(exc)[:500]
+    except Exception:
+        message = "<str() of the exception failed>"
+    return {
+        "kind": "raised",
+        "type": kind.__name__,
+        "module": kind.__module__,
+        "mro": [c.__name__ for c in kind.__mro__],
+        "bases": [c.__name__ for c in kind.__bases__],
+        "message": message,
+        "trace": trace_of(exc),
+    }
+
+
+def call(fn: Callable | None, *args: Any, **kwargs: Any) -> dict:
+    """Call a student function and describe the outcome as data."""
+    return call_keep(fn, *args, **kwargs)[0]
+
+
+def call_keep(fn: Callable | None, *args: Any, **kwargs: Any) -> tuple[dict, Any]:
+    """Like `call`, and also keep the returned value or the raised exception itself,
+    for identity checks ("the same object", "a new dict")."""
+    if fn is None:
+        return {"kind": "missing"}, None
+    try:
+        value = fn(*args, **kwargs)
+    except Exception as exc:
+        return describe_exception(exc), exc
+    return {"kind": "returned", "value": encode(value)}, value
+
+
+def function(module: ModuleType, name: str) -> Callable | None:
+    fn = getattr(module, name, None)
+    return fn if callable(fn) else None
+
+
+def report(case: str, outcome: dict, **observed: Any) -> None:
+    """One case's result: the call's outcome plus anything the probe observed around it."""
+    emit({"event": "case", "case": case, "outcome": outcome, "observed": observed})
+
+
+def started(case: str) -> None:
+    """Announce a case before running it, so a hang or a death can be pinned to it."""
+    emit({"event": "start", "case": case})
+
+
+def noop(module: ModuleType, args: dict) -> None:
+    """Import only: used to find out once whether the module loads at all."""

@@ -1,0 +1,90 @@
+"""Find and kill every process a judge run started, including those that escaped.
+
+Killing a child's process group is not enough: a student's code can `setsid()` and linger.
+Every process the judge starts carries a marker in its environment, which descendants
+inherit; we find them through /proc. As a child subreaper the judge also inherits orphans,
+so it can reap them instead of leaving zombies. (psutil reads the same /proc files one
+process at a time; a direct scan is simpler and faster here.)
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import time
+import uuid
+
+from labkit.limits import KILL_GRACE, RUN_MARKER
+
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def become_subreaper() -> bool:
+    """Make orphaned descendants re-parent to this process (Linux only)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def new_marker() -> str:
+    return uuid.uuid4().hex
+
+
+def marked_pids(marker: str) -> list[int]:
+    needle = f"{RUN_MARKER}={marker}".encode() + b"\0"
+    me = os.getpid()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as fh:
+                if needle in fh.read() + b"\0":
+                    found.append(int(entry))
+        except OSError:  # gone already, or not ours to read
+            continue
+    return found
+
+
+def _reap_all(pids: set[int], deadline: float) -> None:
+    """Collect the exit status of killed processes that re-parented to us (no zombies)."""
+    waiting = set(pids)
+    while waiting and time.monotonic() < deadline:
+        for pid in list(waiting):
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:  # not our child, or already reaped
+                done = pid
+            if done:
+                waiting.discard(pid)
+        if waiting:
+            time.sleep(0.01)
+
+
+def kill_marked(marker: str, grace: float = KILL_GRACE) -> int:
+    """SIGKILL every process carrying the marker; wait (bounded) until they are gone."""
+    killed: set[int] = set()
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        pids = marked_pids(marker)
+        if not pids:
+            break
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed.add(pid)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.01)
+    _reap_all(killed, deadline)
+    return len(killed)
+
+
+def kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass

@@ -1,0 +1,96 @@
+"""Values that cross the pipe from a child to the judge.
+
+JSON loses the differences the labs care about (True vs 1, tuple vs list, bytes vs str),
+so every value travels tagged and is rebuilt on the judge's side.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+MAX_ITEMS = 1000
+MAX_DEPTH = 8
+MAX_REPR = 300
+
+
+@dataclass(frozen=True)
+class Opaque:
+    """A value the judge cannot rebuild: shown by its type and repr, equal to nothing else."""
+
+    type_name: str
+    text: str
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def encode(value: Any, depth: int = 0) -> dict:
+    if depth > MAX_DEPTH:
+        return {"t": "other", "type": type(value).__name__, "repr": "<too deep>"}
+    kind = type(value)
+    if value is None:
+        return {"t": "none"}
+    if kind is bool:
+        return {"t": "bool", "v": value}
+    if kind is int:
+        return {"t": "int", "v": value}
+    if kind is float:
+        return {"t": "float", "v": repr(value)}
+    if kind is str:
+        return {"t": "str", "v": value[:100_000]}
+    if kind is bytes:
+        return {"t": "bytes", "v": value[:100_000].decode("latin-1")}
+    if kind in (list, tuple):
+        items = [encode(item, depth + 1) for item in value[:MAX_ITEMS]]
+        return {"t": kind.__name__, "v": items, "cut": len(value) > MAX_ITEMS}
+    if kind is dict:
+        pairs = [[encode(k, depth + 1), encode(v, depth + 1)] for k, v in list(value.items())[:MAX_ITEMS]]
+        return {"t": "dict", "v": pairs}
+    try:
+        text = repr(value)[:MAX_REPR]
+    except Exception:  # a student's __repr__ may raise
+        text = f"<{kind.__name__} object>"
+    return {"t": "other", "type": kind.__name__, "repr": text}
+
+
+def decode(data: dict) -> Any:
+    tag = data.get("t")
+    if tag == "none":
+        return None
+    if tag in ("bool", "int", "str"):
+        return data["v"]
+    if tag == "float":
+        return float(data["v"])
+    if tag == "bytes":
+        return data["v"].encode("latin-1")
+    if tag == "list":
+        return [decode(item) for item in data["v"]]
+    if tag == "tuple":
+        return tuple(decode(item) for item in data["v"])
+    if tag == "dict":
+        out = {}
+        for k, v in data["v"]:
+            key = decode(k)
+            try:
+                out[key] = decode(v)
+            except TypeError:  # an unhashable key cannot come back as a key
+                return Opaque("dict", "<dict with unhashable keys>")
+        return out
+    return Opaque(str(data.get("type", "?")), str(data.get("repr", "?")))
+
+
+def same(a: Any, b: Any) -> bool:
+    """Equality that also compares types, so True != 1 and (1,) != [1]."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, list | tuple):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
+    return a == b
+
+
+def show(value: Any, limit: int = 200) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

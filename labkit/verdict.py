@@ -1,0 +1,175 @@
+"""Verdicts as plain data. Rendering (text, HTML, widget) lives elsewhere."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+
+
+class Outcome(StrEnum):
+    """The named ways a case can end; each is rendered the same way everywhere."""
+
+    PASSED = "passed"
+    WRONG = "wrong"  # returned or did something other than the contract says
+    RAISED = "raised"  # an exception the contract does not call for
+    NOT_IMPLEMENTED = "not_implemented"  # still the skeleton
+    MISSING = "missing"  # the function is not defined in the module
+    TIMED_OUT = "timed_out"
+    DIED = "died"  # the process ended without reporting
+    IMPORT_FAILED = "import_failed"
+    NOT_REACHED = "not_reached"  # an earlier case hung or died
+
+
+@dataclass
+class Case:
+    name: str
+    outcome: Outcome
+    called: str = ""
+    expected: str = ""
+    got: str = ""
+    hint: str = ""
+    trace: str = ""
+
+    @property
+    def passed(self) -> bool:
+        return self.outcome is Outcome.PASSED
+
+    @property
+    def message(self) -> str:
+        if self.passed:
+            return "ok"
+        parts = [
+            ("called", self.called),
+            ("expected", self.expected),
+            ("got", self.got),
+            ("hint", self.hint),
+        ]
+        lines = [f"{label}: {text}" for label, text in parts if text]
+        if self.trace:
+            lines.append("your traceback:\n" + self.trace.rstrip())
+        return "\n".join(lines)
+
+    def to_json(self) -> dict:
+        data = {"name": self.name, "passed": self.passed, "message": self.message}
+        data.update(outcome=str(self.outcome), called=self.called, expected=self.expected,
+                    got=self.got, hint=self.hint, trace=self.trace)
+        return data
+
+
+@dataclass
+class Evidence:
+    """What a crash scenario observed: timeline events, ladder rungs, faults that took effect."""
+
+    timeline: list[dict] = field(default_factory=list)
+    ladder: list[dict] = field(default_factory=list)
+    faults: list[str] = field(default_factory=list)
+
+
+@dataclass
+class StepVerdict:
+    step: int | str
+    title: str
+    max_points: int
+    cases: list[Case] = field(default_factory=list)
+    note: str = ""  # e.g. "this step relies on step 1, which fails"
+    evidence: Evidence | None = None
+    seconds: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.cases) and all(c.passed for c in self.cases)
+
+    @property
+    def points(self) -> int:
+        return self.max_points if self.passed else 0
+
+    @property
+    def not_implemented(self) -> bool:
+        failing = [c for c in self.cases if not c.passed]
+        return bool(failing) and all(
+            c.outcome in (Outcome.NOT_IMPLEMENTED, Outcome.MISSING, Outcome.NOT_REACHED) for c in failing
+        ) and any(c.outcome is Outcome.NOT_IMPLEMENTED for c in failing)
+
+    @property
+    def status(self) -> str:
+        if self.passed:
+            return "passed"
+        return "not_implemented" if self.not_implemented else "failed"
+
+    def to_json(self) -> dict:
+        data = {
+            "step": self.step,
+            "title": self.title,
+            "passed": self.passed,
+            "points": self.points,
+            "max_points": self.max_points,
+            "cases": [c.to_json() for c in self.cases],
+            "status": self.status,
+            "note": self.note,
+            "seconds": round(self.seconds, 3),
+        }
+        if self.evidence is not None:
+            data["evidence"] = asdict(self.evidence)
+        return data
+
+
+@dataclass
+class LabVerdict:
+    lab: str
+    seed: int
+    steps: list[StepVerdict] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.steps) and all(s.passed for s in self.steps)
+
+    @property
+    def score(self) -> int:
+        return sum(s.points for s in self.steps)
+
+    @property
+    def max_score(self) -> int:
+        return sum(s.max_points for s in self.steps)
+
+    def to_json(self) -> dict:
+        return {
+            "lab": self.lab,
+            "passed": self.passed,
+            "score": self.score,
+            "max_score": self.max_score,
+            "seconds": round(self.seconds, 3),
+            "seed": self.seed,
+            "steps": [s.to_json() for s in self.steps],
+        }
+
+
+def from_json(data: dict) -> LabVerdict:
+    """Rebuild a verdict from `--json` output (the notebook side reads it this way)."""
+    steps = []
+    for s in data.get("steps", []):
+        cases = [
+            Case(
+                name=c["name"],
+                outcome=Outcome(c.get("outcome") or ("passed" if c["passed"] else "wrong")),
+                called=c.get("called", ""),
+                expected=c.get("expected", ""),
+                got=c.get("got", "" if c.get("outcome") else c.get("message", "")),
+                hint=c.get("hint", ""),
+                trace=c.get("trace", ""),
+            )
+            for c in s.get("cases", [])
+        ]
+        ev = s.get("evidence")
+        steps.append(
+            StepVerdict(
+                step=s["step"],
+                title=s["title"],
+                max_points=s["max_points"],
+                cases=cases,
+                note=s.get("note", ""),
+                evidence=Evidence(**ev) if ev else None,
+                seconds=s.get("seconds", 0.0),
+            )
+        )
+    return LabVerdict(lab=data["lab"], seed=data["seed"], steps=steps, seconds=data.get("seconds", 0.0))
