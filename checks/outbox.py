@@ -672,6 +672,372 @@ def _refused(db, events):
     return check
 
 
+
+# --- step 8 -------------------------------------------------------------------------------
+
+DELIVERY_FAULTS = {
+    "redirect_302": ("a 302 redirect", "urllib turns a redirected POST into a GET without the body: "
+                     "refuse redirects (an HTTPRedirectHandler whose redirect_request returns None)."),
+    "redirect_307": ("a 307 redirect", "Any 3xx is not an ACK: raise DeliveryError."),
+    "wrong_id": ("an ACK naming another id", "Check that the reply is exactly {\"ack\": <this event's id>}."),
+    "oversized": ("a 4 KB reply", "Read at most 1,024 + 1 bytes; a longer reply is not evidence: raise DeliveryError."),
+    "not_json": ("a reply that is not JSON", "A reply that does not parse is not an ACK: raise DeliveryError."),
+    "status_500": ("status 500", "Only status 200 can carry an ACK; urllib raises HTTPError for others: turn it into DeliveryError."),
+    "conflict_409": ("status 409", "Only status 200 can carry an ACK: turn HTTPError into DeliveryError."),
+}
+NETWORK_HINT = ("Network failures are not DeliveryError: let the OSError propagate "
+                "(the row stays pending and is re-sent later).")
+
+
+def check_send_http(ctx: StepContext) -> list[Case]:
+    from labkit.warehouse import start_warehouse
+
+    rng = ctx.rng
+    plans, specs, servers = [], [], []
+
+    def server(faults=(), **kw):
+        wh = start_warehouse(ctx.path(f"wh{len(servers)}.jsonl"), faults, **kw)
+        servers.append(wh)
+        return wh
+
+    def add(plan, *args):
+        plans.append(plan)
+        specs.append({"name": plan.name, "fn": "send_http", "args": [encode(a) for a in args]})
+
+    def fresh(prefix):
+        return event(name(rng, prefix), name(rng, "sku", 3), rng.randint(1, 1000))
+
+    try:
+        proxy = server()
+        good = server()
+        ok = fresh("ok")
+        add(Plan("a 200 ACK with the event's id", f"send_http({good.url!r}, {show(ok)})",
+                 "True; one POST with the canonical JSON body",
+                 both(returns(True, "Return True (the object True) only for a verified ACK."),
+                      _posted_once(good, ok), _no_proxy(proxy))), good.url, ok)
+        local = fresh("local")
+        local_url = good.url.replace("127.0.0.1", "localhost")
+        add(Plan("localhost is allowed", f"send_http({local_url!r}, {show(local)})", "True",
+                 returns(True, "HOST may be `localhost` or any address in 127.0.0.0/8.")), local_url, local)
+        port = good.port
+        for label, url, hint in [
+            ("https is refused", f"https://127.0.0.1:{port}/events", "Only http:// is allowed."),
+            ("another path is refused", f"http://127.0.0.1:{port}/orders", "The path must be exactly /events."),
+            ("a query is refused", f"http://127.0.0.1:{port}/events?x=1", "No query string."),
+            ("a fragment is refused", f"http://127.0.0.1:{port}/events#top", "No fragment."),
+            ("user info is refused", f"http://admin@127.0.0.1:{port}/events", "No user info (user@host)."),
+            ("0.0.0.0 is refused", f"http://0.0.0.0:{port}/events",
+             "0.0.0.0 is not in 127.0.0.0/8 (yet Linux connects it to this machine): check the address."),
+            ("a remote name is refused", f"http://example.invalid:{port}/events", "Only localhost or 127.x.y.z."),
+            ("a missing port is refused", "http://127.0.0.1/events", "The URL must name a port."),
+        ]:
+            e = fresh("url")
+            add(Plan(label, f"send_http({url!r}, ...)", "ValueError before any connection",
+                     both(raises("ValueError", hint), _never_reached(good, e))), url, e)
+        for bad in (0, -1, True, float("nan"), float("inf"), "2"):
+            e = fresh("timeout")
+            add(Plan(f"timeout {bad!r} is refused", f"send_http(url, event, timeout={bad!r})",
+                     "ValueError before any connection",
+                     both(raises("ValueError", "timeout is a positive finite int or float, not bool."),
+                          _never_reached(good, e))), good.url, e, bad)
+        for fault, (label, hint) in DELIVERY_FAULTS.items():
+            wh = server([fault])
+            e = fresh(fault.replace("_", "-"))
+            add(Plan(f"{label} is not an ACK", f"send_http(url, {show(e)}) answered with {label}", "DeliveryError",
+                     both(is_module_exception("DeliveryError", hint), _not_followed(wh))), wh.url, e)
+        dropped = server(["drop_after_commit"])
+        e = fresh("dropped")
+        add(Plan("the connection closes without a response", "send_http(url, event); the server commits, then hangs up",
+                 "an OSError (not DeliveryError)", _network_error), dropped.url, e)
+        slow = server(["slow"], slow_seconds=2.0)
+        e = fresh("slow")
+        add(Plan("a reply slower than timeout", "send_http(url, event, timeout=0.3); the server takes 2 s",
+                 "an OSError (a timeout) after about 0.3 s",
+                 _network_error), slow.url, e, 0.3)
+        gone = start_warehouse(ctx.path("gone.jsonl"))
+        gone_url = gone.url
+        gone.close()
+        e = fresh("refused")
+        add(Plan("nothing listening", "send_http(url of a closed port, event)", "an OSError (connection refused)",
+                 _network_error), gone_url, e)
+        proxy_env = {"http_proxy": f"http://127.0.0.1:{proxy.port}", "HTTP_PROXY": f"http://127.0.0.1:{proxy.port}",
+                     "no_proxy": "", "NO_PROXY": ""}
+        return ctx.cases("calls", plans, {"calls": specs}, env=proxy_env)
+    finally:
+        for wh in servers:
+            wh.close()
+
+
+def _posted_once(wh, sent):
+    def check(record):
+        mine = [r for r in wh.requests() if r.get("id") == sent["id"]]
+        if len(mine) != 1:
+            return Miss(f"the warehouse saw {len(mine)} requests for {sent['id']}", "POST the event exactly once.")
+        body, ctype = mine[0].get("body"), mine[0].get("content_type", "")
+        if body is not None and body != stores.canonical(sent):
+            return Miss(f"the body was {body!r}",
+                        "POST the canonical body: json.dumps(event, sort_keys=True, separators=(',', ':')).")
+        if not ctype.startswith("application/json"):
+            return Miss(f"Content-Type was {ctype!r}", "Send `Content-Type: application/json`.")
+        return None
+
+    return check
+
+
+def _no_proxy(proxy):
+    def check(record):
+        if proxy.requests():
+            return Miss("the request went to the proxy named in http_proxy",
+                        "urllib sends even 127.0.0.1 through http_proxy: build the opener with ProxyHandler({}).")
+        return None
+
+    return check
+
+
+def _never_reached(wh, sent):
+    def check(record):
+        if any(r.get("id") == sent["id"] for r in wh.requests()):
+            return Miss("the request reached the server", "Validate the URL and timeout before connecting.")
+        return None
+
+    return check
+
+
+def _not_followed(wh):
+    def check(record):
+        follow = [r for r in wh.requests() if r.get("method") != "POST" or r.get("path") != "/events"]
+        if follow:
+            return Miss(f"the redirect was followed ({follow[0].get('method')} {follow[0].get('path')})",
+                        "Never follow redirects: a redirect is an answer, not a delivery.")
+        return None
+
+    return check
+
+
+def _network_error(record):
+    outcome = record["outcome"]
+    if outcome["kind"] == "raised" and "OSError" in outcome["mro"] and "DeliveryError" not in outcome["mro"]:
+        return None
+    return Miss(describe(outcome), NETWORK_HINT)
+
+
+
+# --- final check: the crash after the ACK ---------------------------------------------------
+
+SNACK = {"id": "snack-7", "sku": "snack", "qty": 7}
+
+
+def check_crash(ctx: StepContext) -> list[Case]:
+    from labkit.warehouse import WarehouseStartError, spawn_warehouse
+
+    cases: list[Case] = []
+    try:
+        cases += _killed_after_ack(ctx, spawn_warehouse)
+        cases += _lost_response(ctx, spawn_warehouse)
+    except WarehouseStartError as exc:
+        cases.append(Case("the warehouse runs your receive", Outcome.RAISED, "open_sink + receive in the warehouse process",
+                          "the warehouse starts", str(exc), "Steps 2 and 5 must work before the crash check can run."))
+    cases += _bad_replies(ctx)
+    return cases
+
+
+def _timeline_process(ctx, label, run, killed=False):
+    ctx.evidence.timeline.append({"t": run.started_at, "actor": label, "kind": "start", "text": "process started"})
+    for note in run.messages():
+        if note.get("kind") == "hook":
+            ctx.evidence.timeline.append({"t": note["t"], "actor": label, "kind": "ack",
+                                          "text": f"ACK for {note['id']} verified; after_delivery runs os._exit"})
+    kind = "killed" if killed and run.exit_code == 73 else "exit"
+    ctx.evidence.timeline.append({"t": run.ended_at, "actor": label, "kind": kind, "text": f"exit code {run.exit_code}"})
+
+
+def _timeline_requests(ctx, requests, seen):
+    for r in requests[seen:]:
+        ctx.evidence.timeline.append({"t": r.get("t_start", 0), "actor": "warehouse", "kind": r.get("outcome", "?"),
+                                      "text": f"POST {r.get('id')} → {r.get('outcome')}, response: {r.get('response')}"})
+    return len(requests)
+
+
+def _snapshot(ctx, t, source, sink, event_id):
+    flags = stores.sent_flags(source)
+    ctx.evidence.timeline.append({"t": t, "actor": "source DB", "kind": "snapshot",
+                                  "text": f"{event_id}: " + ("sent" if flags.get(event_id) else "pending")})
+    if sink.exists():
+        ctx.evidence.timeline.append({"t": t, "actor": "sink DB", "kind": "snapshot",
+                                      "text": f"stock {stores.stock(sink)}, inbox {stores.inbox_ids(sink)}"})
+
+
+def _process_problem(run, expected: str) -> Miss:
+    """Why a publisher process did not do what the scenario needed."""
+    from labkit.expect import import_problem
+
+    if not run.imported:
+        got, hint, _ = import_problem(run, 10.0)
+        return Miss(got, hint)
+    if run.timed_out:
+        return Miss("the publisher did not finish in time and was killed", "Look for a wait without a timeout.")
+    record = run.cases().get("dispatch")
+    if record is not None:
+        return Miss(f"dispatch {describe(record['outcome'])} (exit code {run.exit_code})", expected)
+    return Miss(f"the process ended with exit code {run.exit_code} before dispatch returned", expected)
+
+
+def _killed_after_ack(ctx, spawn_warehouse) -> list[Case]:
+    source = stores.make_source(ctx.path("source.db"), [SNACK])
+    sink, log = ctx.path("sink.db"), ctx.path("warehouse.jsonl")
+    ctx.evidence.ladder.append({"rung": "in orders", "observed": "yes: snack-7 accepted before the run", "when": "start"})
+    wh = spawn_warehouse(ctx.solution, sink, log, ctx.workdir)
+    try:
+        url = wh.url
+        first = ctx.child("crash_dispatch", {"source": str(source), "url": url, "kill": True, "exit_code": 73})
+        _timeline_process(ctx, "publisher #1", first, killed=True)
+        seen = _timeline_requests(ctx, wh.requests(), 0)
+        _snapshot(ctx, first.ended_at, source, sink, "snack-7")
+        after_crash = (stores.sent_flags(source).get("snack-7"),
+                       stores.stock(sink) if sink.exists() else {},
+                       stores.inbox_ids(sink) if sink.exists() else [])
+        second = ctx.child("crash_dispatch", {"source": str(source), "url": url, "kill": False})
+        _timeline_process(ctx, "publisher #2", second)
+        _timeline_requests(ctx, wh.requests(), seen)
+        _snapshot(ctx, second.ended_at, source, sink, "snack-7")
+        requests = [r for r in wh.requests() if r.get("method") == "POST"]
+    finally:
+        wh.close()
+    cases = []
+    hooked = any(n.get("kind") == "hook" for n in first.messages())
+    died = Case("publisher #1 dies right after the ACK", Outcome.PASSED,
+                "dispatch(con, send_http to the warehouse, 16, after_delivery=os._exit(73))", "exit code 73")
+    if first.exit_code != 73 or not hooked:
+        miss = _process_problem(first, "after_delivery must be called after a True ACK, before mark_sent.")
+        died.outcome, died.got, died.hint = Outcome.WRONG, miss.got, miss.hint
+    else:
+        ctx.evidence.faults.append("publisher killed in after_delivery (os._exit) — exit code 73 observed")
+    cases.append(died)
+    flag, stock_after, inbox_after = after_crash
+    state = Case("after the crash: pending in the source, applied in the warehouse", Outcome.PASSED,
+                 "the judge reads both DB files", "snack-7 sent = 0; stock {'snack': 7}; inbox has snack-7")
+    ctx.evidence.ladder.append({"rung": "pending in outbox", "observed": "yes" if flag == 0 else f"no (sent = {flag})",
+                                "when": "after publisher #1 died"})
+    ctx.evidence.ladder.append({"rung": "in the warehouse inbox", "observed": "yes" if "snack-7" in inbox_after else "no",
+                                "when": "after publisher #1 died"})
+    ctx.evidence.ladder.append({"rung": "ACK returned to the publisher",
+                                "observed": "yes: after_delivery ran, and it runs only after a True ACK" if hooked else "no",
+                                "when": "just before the kill"})
+    if died.passed:
+        if flag != 0:
+            state.outcome, state.got, state.hint = Outcome.WRONG, f"snack-7 has sent = {flag}", MARK_BEFORE_SEND
+        elif stock_after != {"snack": 7} or "snack-7" not in inbox_after:
+            state.outcome, state.got = Outcome.WRONG, f"stock {stock_after}, inbox {inbox_after}"
+            state.hint = "receive must record the id and add the qty in one committed transaction."
+    else:
+        state.outcome, state.got = Outcome.NOT_REACHED, "not checked: publisher #1 did not die at the hook"
+    cases.append(state)
+    resent = Case("a new process re-sends it; the warehouse applies it once", Outcome.PASSED,
+                  "dispatch(...) again in a new process on the same files",
+                  "returns 1; the server saw two POSTs for snack-7 (applied, duplicate); stock 7; row sent")
+    final_flag = stores.sent_flags(source).get("snack-7")
+    final_stock = stores.stock(sink) if sink.exists() else {}
+    ctx.evidence.ladder.append({"rung": "sent saved", "observed": f"after #1: {'no' if flag == 0 else 'yes'}; "
+                                f"after #2: {'yes' if final_flag == 1 else 'no'}", "when": "after each process"})
+    record = second.cases().get("dispatch")
+    if not died.passed:
+        resent.outcome, resent.got = Outcome.NOT_REACHED, "not checked: publisher #1 did not die at the hook"
+    elif record is None or record["outcome"]["kind"] != "returned" or value_of(record) != 1:
+        miss = _process_problem(second, "The second dispatch should find snack-7 pending and deliver it again.")
+        resent.outcome, resent.got, resent.hint = Outcome.WRONG, miss.got, miss.hint
+    elif [r.get("id") for r in requests] != ["snack-7", "snack-7"]:
+        resent.outcome, resent.got = Outcome.WRONG, f"the server saw POSTs for {[r.get('id') for r in requests]}"
+        resent.hint = "Each dispatch sends each pending event once."
+    elif [r.get("outcome") for r in requests] != ["applied", "duplicate"] or final_stock != {"snack": 7}:
+        resent.outcome = Outcome.WRONG
+        resent.got = f"outcomes {[r.get('outcome') for r in requests]}, stock {final_stock}"
+        resent.hint = "receive must recognise the repeated id in the inbox: delivered twice, applied once."
+    elif final_flag != 1:
+        resent.outcome, resent.got = Outcome.WRONG, "snack-7 is still pending"
+        resent.hint = "After the duplicate ACK, mark the row sent."
+    else:
+        ctx.evidence.faults.append("the same event delivered twice — the warehouse's inbox recognised the duplicate")
+    cases.append(resent)
+    return cases
+
+
+def _lost_response(ctx, spawn_warehouse) -> list[Case]:
+    rng = ctx.rng
+    lost = event(name(rng, "lost"), "snack", rng.randint(1, 1000))
+    source = stores.make_source(ctx.path("lost-source.db"), [lost])
+    sink = ctx.path("lost-sink.db")
+    wh = spawn_warehouse(ctx.solution, sink, ctx.path("lost.jsonl"), ctx.workdir, faults=["drop_after_commit"])
+    try:
+        first = ctx.child("crash_dispatch", {"source": str(source), "url": wh.url, "kill": False})
+        flag_after = stores.sent_flags(source).get(lost["id"])
+        second = ctx.child("crash_dispatch", {"source": str(source), "url": wh.url, "kill": False})
+        requests = [r for r in wh.requests() if r.get("method") == "POST"]
+    finally:
+        wh.close()
+    drop = Case("a lost response leaves the row pending", Outcome.PASSED,
+                "dispatch(...); the warehouse commits, then closes without answering",
+                "an OSError from dispatch; the row still pending")
+    record = first.cases().get("dispatch")
+    outcome = record["outcome"] if record else None
+    if outcome is None or outcome["kind"] != "raised" or "OSError" not in outcome.get("mro", []):
+        miss = _process_problem(first, NETWORK_HINT)
+        drop.outcome, drop.got, drop.hint = Outcome.WRONG, miss.got, miss.hint
+    elif flag_after != 0:
+        drop.outcome, drop.got, drop.hint = Outcome.WRONG, f"sent = {flag_after}", MARK_BEFORE_SEND
+    else:
+        ctx.evidence.faults.append(f"response dropped after commit — publisher raised {outcome['type']}; row stayed pending")
+    redo = Case("the re-send gets a duplicate ACK", Outcome.PASSED, "dispatch(...) again",
+                "1; the warehouse answers duplicate; stock unchanged; row sent")
+    record = second.cases().get("dispatch")
+    final_stock = stores.stock(sink) if sink.exists() else {}
+    if not drop.passed:
+        redo.outcome, redo.got = Outcome.NOT_REACHED, "not checked: the lost response was not handled"
+    elif record is None or record["outcome"]["kind"] != "returned" or value_of(record) != 1:
+        miss = _process_problem(second, "The row is still pending, so the next dispatch must re-send it.")
+        redo.outcome, redo.got, redo.hint = Outcome.WRONG, miss.got, miss.hint
+    elif [r.get("outcome") for r in requests] != ["applied", "duplicate"] or final_stock != {"snack": lost["qty"]}:
+        redo.outcome = Outcome.WRONG
+        redo.got = f"outcomes {[r.get('outcome') for r in requests]}, stock {final_stock}"
+        redo.hint = "The warehouse must recognise the re-sent id and not add its qty again."
+    elif stores.sent_flags(source).get(lost["id"]) != 1:
+        redo.outcome, redo.got, redo.hint = Outcome.WRONG, "the row is still pending", "Mark it after the duplicate ACK."
+    return [drop, redo]
+
+
+def _bad_replies(ctx) -> list[Case]:
+    from labkit.warehouse import start_warehouse
+
+    rng = ctx.rng
+    runs, servers, plans, sources = [], [], [], {}
+    try:
+        for fault in ("wrong_id", "oversized", "redirect_302"):
+            e = event(name(rng, fault.replace("_", "-")), "snack", rng.randint(1, 1000))
+            src = stores.make_source(ctx.path(f"{fault}.db"), [e])
+            wh = start_warehouse(ctx.path(f"{fault}.jsonl"), [fault])
+            servers.append(wh)
+            label = DELIVERY_FAULTS[fault][0]
+            runs.append({"name": f"{label} is never taken as delivery", "source": str(src), "url": wh.url})
+            sources[runs[-1]["name"]] = (src, e["id"], fault)
+            plans.append(Plan(runs[-1]["name"], f"dispatch(...) against a warehouse answering with {label}",
+                              "DeliveryError; the row stays pending", _bad_reply_check(src, e["id"], fault, ctx)))
+        return ctx.cases("bad_replies", plans, {"runs": runs})
+    finally:
+        for wh in servers:
+            wh.close()
+
+
+def _bad_reply_check(source, event_id, fault, ctx):
+    def check(record):
+        miss = is_module_exception("DeliveryError", DELIVERY_FAULTS[fault][1])(record)
+        if miss is None and stores.sent_flags(source).get(event_id) != 0:
+            miss = Miss("the row was marked sent", "Only a verified ACK allows mark_sent.")
+        if miss is None:
+            ctx.evidence.faults.append(f"{DELIVERY_FAULTS[fault][0]} offered — DeliveryError raised, row stayed pending")
+        return miss
+
+    return check
+
+
 LAB = LabSpec(
     name="outbox",
     module_name="worker",
@@ -684,5 +1050,7 @@ LAB = LabSpec(
         StepSpec(5, "receive", 1, check_receive, requires=(1,)),
         StepSpec(6, "mark_sent", 1, check_mark_sent),
         StepSpec(7, "dispatch", 2, check_dispatch, requires=(4, 6)),
+        StepSpec(8, "send_http", 2, check_send_http, requires=(1,)),
+        StepSpec("final", "the crash after the ACK", 3, check_crash, requires=(2, 5, 7, 8)),
     ],
 )

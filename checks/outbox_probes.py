@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import os
 import sqlite3
+import time
 
 from labkit import probe
 from labkit.values import decode, encode
@@ -171,10 +172,24 @@ def crash_dispatch(mod, args: dict) -> None:
         return mod.send_http(url, event, timeout=args.get("timeout", 2.0))
 
     def die(event_id):
-        probe.emit({"event": "note", "kind": "hook", "id": event_id})
+        probe.emit({"event": "note", "kind": "hook", "id": event_id, "t": time.time()})
         os._exit(args["exit_code"])  # no finally, no close: the process really dies here
 
     hook = die if args.get("kill") else None
     probe.started("dispatch")
     outcome = probe.call(mod.dispatch, source, send, args.get("limit", 16), after_delivery=hook)
     probe.report("dispatch", outcome)
+
+
+def bad_replies(mod, args: dict) -> None:
+    """Final check: dispatch against warehouses whose replies are not evidence of delivery."""
+    for case in args["runs"]:
+        probe.started(case["name"])
+        source = mod.open_source(case["source"])
+
+        def send(event, url=case["url"]):
+            return mod.send_http(url, event, timeout=2.0)
+
+        outcome = probe.call(mod.dispatch, source, send, 16)
+        source.close()
+        probe.report(case["name"], outcome)

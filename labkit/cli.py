@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 from pathlib import Path
 
@@ -68,7 +69,13 @@ def run_grade(args: argparse.Namespace) -> int:
     return cli_grade(args)
 
 
+def _exit_on_sigterm(signum, frame):
+    # Raising unwinds through every `finally`, so the judge still kills its children.
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     args = parser().parse_args(argv)
     try:
         if args.command == "check":
