@@ -599,7 +599,7 @@ def _first_n_delivered(n):
                 return miss
             if _sent_ids(record) != ids[:n]:
                 return Miss(f"send was called for {_sent_ids(record)}",
-                            f"Select at most `limit` events with pending(con, limit), send only those.")
+                            "Select at most `limit` events with pending(con, limit), send only those.")
             flags = stores.sent_flags(db)
             if [flags[i] for i in ids] != [1] * n + [0] * (len(ids) - n):
                 return Miss(f"sent flags are {flags}", "Mark exactly the rows that were acknowledged.")
@@ -886,7 +886,7 @@ def _killed_after_ack(ctx, spawn_warehouse) -> list[Case]:
     source = stores.make_source(ctx.path("source.db"), [SNACK])
     sink, log = ctx.path("sink.db"), ctx.path("warehouse.jsonl")
     ctx.evidence.ladder.append({"rung": "in orders", "observed": "yes: snack-7 accepted before the run", "when": "start"})
-    wh = spawn_warehouse(ctx.solution, sink, log, ctx.workdir)
+    wh = spawn_warehouse(ctx.solution, sink, log, ctx.workdir, marker=ctx.marker())
     try:
         url = wh.url
         first = ctx.child("crash_dispatch", {"source": str(source), "url": url, "kill": True, "exit_code": 73})
@@ -966,7 +966,8 @@ def _lost_response(ctx, spawn_warehouse) -> list[Case]:
     lost = event(name(rng, "lost"), "snack", rng.randint(1, 1000))
     source = stores.make_source(ctx.path("lost-source.db"), [lost])
     sink = ctx.path("lost-sink.db")
-    wh = spawn_warehouse(ctx.solution, sink, ctx.path("lost.jsonl"), ctx.workdir, faults=["drop_after_commit"])
+    wh = spawn_warehouse(ctx.solution, sink, ctx.path("lost.jsonl"), ctx.workdir, faults=["drop_after_commit"],
+                         marker=ctx.marker())
     try:
         first = ctx.child("crash_dispatch", {"source": str(source), "url": wh.url, "kill": False})
         flag_after = stores.sent_flags(source).get(lost["id"])

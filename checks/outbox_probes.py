@@ -125,7 +125,7 @@ def dispatching(mod, args: dict) -> None:
         script = list(case["replies"])
         raised: list[BaseException] = []
 
-        def send(event, script=script, seen=seen, db=db):
+        def send(event, script=script, seen=seen, db=db, case=case, raised=raised):
             seen.append({
                 "event": encode(copy.deepcopy(event)),
                 "sent_flag": _row_sent(db, event.get("id")) if isinstance(event, dict) else None,

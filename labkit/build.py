@@ -86,12 +86,13 @@ def skeleton(text: str) -> str:
         if line.strip() == BEGIN:
             inside = True
             indent = line[: len(line) - len(line.lstrip())]
-            out.append(f"{indent}raise NotImplementedError  # your code here")
+            # At module level a raise would break the import: leave room for helpers instead.
+            out.append(f"{indent}raise NotImplementedError  # your code here" if indent else "")
         elif line.strip() == END:
             inside = False
         elif not inside:
             out.append(line)
-    return "\n".join(out)
+    return re.sub(r"\n{3,}", "\n\n\n", "\n".join(out)).strip("\n")
 
 
 def _locked(extra: dict | None = None) -> dict:

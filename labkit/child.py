@@ -118,7 +118,7 @@ def run_child(
         with open(out_path, "wb") as out, open(err_path, "wb") as err:
             try:
                 proc = subprocess.Popen(
-                    [sys.executable, "-m", "labkit.child_main"],
+                    [sys.executable, "-P", "-m", "labkit.child_main"],
                     stdin=subprocess.PIPE,
                     stdout=out,
                     stderr=err,

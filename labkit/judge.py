@@ -58,10 +58,15 @@ class StepContext:
     evidence: Evidence = field(default_factory=Evidence)
     markers: list[str] = field(default_factory=list)
 
-    def child(self, probe: str, args: dict, *, timeout: float | None = None,
-              env: dict[str, str] | None = None) -> ChildRun:
+    def marker(self) -> str:
+        """A fresh run marker for a process this step starts; killed when the step ends."""
         marker = reaper.new_marker()
         self.markers.append(marker)
+        return marker
+
+    def child(self, probe: str, args: dict, *, timeout: float | None = None,
+              env: dict[str, str] | None = None) -> ChildRun:
+        marker = self.marker()
         return run_child(self.solution, f"{self.lab.probes}:{probe}", args, workdir=self.workdir,
                          timeout=timeout or self.timeout, marker=marker,
                          module_name=self.lab.module_name, env=env)

@@ -1,3 +1,4 @@
+# --- provided code -----------------------------------------------
 import json
 import re
 import sqlite3
@@ -16,24 +17,23 @@ class DeliveryError(Exception):
     """A reply that is not evidence of delivery."""
 
 
-NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*\Z")
-KEYS = {"id", "sku", "qty"}
 MAX_ACK_BYTES = 1024
 
 
 def canonical(event):
+    """The one serialisation of an event: keys sorted, no spaces."""
     return json.dumps(event, sort_keys=True, separators=(",", ":"))
 
 
-def _check_limit(limit):
-    if type(limit) is not int or not 1 <= limit <= 16:
-        raise ValueError(f"limit must be an int from 1 to 16, not {limit!r}")
+# --- step 1 ------------------------------------------------------
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*\Z")
 
 
 def validate_event(event):
+    """Return a new dict with exactly id, sku and qty, or raise ValueError."""
     if type(event) is not dict:
         raise ValueError("an event must be a dict")
-    if set(event) != KEYS:
+    if set(event) != {"id", "sku", "qty"}:
         raise ValueError(f"an event has exactly the keys id, sku, qty; got {sorted(map(str, event))}")
     for key, longest in (("id", 64), ("sku", 32)):
         value = event[key]
@@ -47,6 +47,7 @@ def validate_event(event):
     return {"id": event["id"], "sku": event["sku"], "qty": qty}
 
 
+# --- step 2 ------------------------------------------------------
 def _open(path, schema):
     con = sqlite3.connect(path, isolation_level=None, timeout=1.0)
     try:
@@ -58,6 +59,7 @@ def _open(path, schema):
 
 
 def open_source(path):
+    """Open (or create) the intake's DB with the tables orders and outbox."""
     return _open(path, """
         CREATE TABLE IF NOT EXISTS orders(
             id TEXT PRIMARY KEY, sku TEXT NOT NULL, qty INTEGER NOT NULL);
@@ -68,13 +70,16 @@ def open_source(path):
 
 
 def open_sink(path):
+    """Open (or create) the warehouse's DB with the tables inbox and stock."""
     return _open(path, """
         CREATE TABLE IF NOT EXISTS inbox(id TEXT PRIMARY KEY, body TEXT NOT NULL);
         CREATE TABLE IF NOT EXISTS stock(sku TEXT PRIMARY KEY, qty INTEGER NOT NULL);
     """)
 
 
+# --- step 3 ------------------------------------------------------
 def accept(con, event):
+    """Save an order and its outbox row in one transaction. New → True, repeat → False."""
     event = validate_event(event)
     body = canonical(event)
     con.execute("BEGIN IMMEDIATE")
@@ -96,14 +101,19 @@ def accept(con, event):
         raise
 
 
+# --- step 4 ------------------------------------------------------
 def pending(con, limit):
-    _check_limit(limit)
+    """At most `limit` unsent events, oldest first (by seq)."""
+    if type(limit) is not int or not 1 <= limit <= 16:
+        raise ValueError(f"limit must be an int from 1 to 16, not {limit!r}")
     rows = con.execute(
         "SELECT body FROM outbox WHERE sent = 0 ORDER BY seq LIMIT ?", (limit,)).fetchall()
     return [json.loads(body) for (body,) in rows]
 
 
+# --- step 5 ------------------------------------------------------
 def receive(con, event):
+    """Apply an event once. New → True; identical repeat → False; other content → Conflict."""
     event = validate_event(event)
     body = canonical(event)
     con.execute("BEGIN IMMEDIATE")
@@ -127,7 +137,9 @@ def receive(con, event):
         raise
 
 
+# --- step 6 ------------------------------------------------------
 def mark_sent(con, event_id):
+    """Pending → sent: True. Already sent: False. Unknown id: KeyError."""
     con.execute("BEGIN IMMEDIATE")
     try:
         row = con.execute("SELECT sent FROM outbox WHERE id = ?", (event_id,)).fetchone()
@@ -145,8 +157,11 @@ def mark_sent(con, event_id):
         raise
 
 
+# --- step 7 ------------------------------------------------------
 def dispatch(con, send, limit, after_delivery=None):
-    _check_limit(limit)
+    """Send a batch in order; mark each after a True ACK; stop at the first failure."""
+    if type(limit) is not int or not 1 <= limit <= 16:
+        raise ValueError(f"limit must be an int from 1 to 16, not {limit!r}")
     batch = pending(con, limit)  # the read is finished before the first send
     marked = 0
     for event in batch:
@@ -161,6 +176,7 @@ def dispatch(con, send, limit, after_delivery=None):
     return marked
 
 
+# --- step 8 ------------------------------------------------------
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
     def redirect_request(self, req, fp, code, msg, headers, newurl):
         return None  # a redirect is an answer, never a delivery
@@ -173,28 +189,26 @@ def _check_url(url):
     if type(url) is not str:
         raise ValueError("url must be a str")
     parts = urlsplit(url)
-    if parts.scheme != "http" or parts.path != "/events" or parts.query or parts.fragment:
-        raise ValueError(f"url must be http://HOST:PORT/events, not {url!r}")
-    if "@" in parts.netloc or parts.username is not None or parts.password is not None:
-        raise ValueError("url must not carry user info")
-    if url.count("?") or url.count("#"):
-        raise ValueError("url must not have a query or a fragment")
-    host = parts.hostname
     try:
         port = parts.port
     except ValueError:
         raise ValueError(f"bad port in {url!r}") from None
-    if port is None or not 1 <= port <= 65535 or url != f"http://{parts.netloc}/events":
+    if (parts.scheme != "http" or parts.path != "/events" or "?" in url or "#" in url
+            or "@" in parts.netloc or port is None or url != f"http://{parts.netloc}/events"):
         raise ValueError(f"url must be exactly http://HOST:PORT/events, not {url!r}")
-    if host != "localhost":
-        try:
-            if not (ip_address(host).version == 4 and ip_address(host).is_loopback):
-                raise ValueError(f"{host} is not a loopback address")
-        except ValueError:
-            raise ValueError(f"host must be localhost or in 127.0.0.0/8, not {host!r}") from None
+    host = parts.hostname
+    if host == "localhost":
+        return
+    try:
+        loopback = ip_address(host).version == 4 and ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback:
+        raise ValueError(f"host must be localhost or in 127.0.0.0/8, not {host!r}")
 
 
 def send_http(url, event, timeout=2.0):
+    """POST one event; return True only for a verified ACK, else raise."""
     _check_url(url)
     if type(timeout) not in (int, float) or not isfinite(timeout) or timeout <= 0:
         raise ValueError(f"timeout must be a positive finite number, not {timeout!r}")

@@ -1,0 +1,755 @@
+"""The warehouse: a loopback HTTP server that applies outbox events, for the judge.
+
+`POST /events` takes one JSON event, applies it (through the lab's `receive`, or a built-in
+in-memory inbox) and answers `200 {"ack": id}` for applied and duplicate events, 409 for a
+conflict, 400 for bad input. Every request is written to a JSON Lines log that the judge reads
+as its own evidence. A list of faults (one per `POST /events`, in arrival order) makes the
+server misbehave in the ways a publisher must survive.
+
+Two ways to run it:
+- in process: `start_warehouse(...)` — for labkit's own receive or trusted test code;
+- in a child process: `spawn_warehouse(...)` / `python -m labkit.warehouse --module ...` —
+  the student's `receive` never runs inside the judge's process.
+
+Standard library only. Nothing is printed: the log file is the only output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import json
+import math
+import os
+import signal
+import socket
+import socketserver
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+FAULTS = (
+    "none",
+    "drop_after_commit",
+    "wrong_id",
+    "oversized",
+    "redirect_302",
+    "redirect_307",
+    "slow",
+    "status_500",
+    "not_json",
+    "conflict_409",
+)
+
+EVENTS_PATH = "/events"
+REDIRECT_LOCATION = "/events/elsewhere"
+MAX_BODY = 64 * 1024  # request bodies above this get 413
+DRAIN_LIMIT = 1024 * 1024  # an oversized body up to this is read and discarded (see _read_body)
+OVERSIZED_PAD = 4096  # the `oversized` fault pads its ACK past the lab's 1,024-byte limit
+SOCKET_TIMEOUT = 10.0  # a client that stalls mid-request cannot hold a handler forever
+POLL_INTERVAL = 0.05  # how quickly the accept loop notices close()
+CLOSE_JOIN_SECONDS = 1.5  # close() waits at most this long for handler threads
+MAX_ERROR_CHARS = 500  # keeps each log line one short atomic write
+
+_ERROR_BODIES = {
+    400: b'{"error": "bad_request"}',
+    404: b'{"error": "not_found"}',
+    405: b'{"error": "method_not_allowed"}',
+    409: b'{"error": "conflict"}',
+    413: b'{"error": "too_large"}',
+    500: b'{"error": "internal"}',
+}
+_OUTCOME_STATUS = {"conflict": 409, "bad_request": 400, "error": 500}
+
+Receive = Callable[[Any, dict], Any]
+OpenSink = Callable[[Path], Any]
+
+
+class WarehouseStartError(RuntimeError):
+    """The warehouse child process did not come up; the message says why."""
+
+
+# ---------------------------------------------------------------------------------------------
+# The request log
+
+
+def read_log(log_path: Path) -> list[dict]:
+    """Parse the JSON Lines log. A torn last line (no newline yet) is skipped."""
+    data = Path(log_path).read_bytes()
+    lines = data.split(b"\n")
+    # Everything after the last newline is a line still being written (or torn by a kill).
+    complete = lines[:-1]
+    records = []
+    for number, raw in enumerate(complete, start=1):
+        if not raw.strip():
+            continue
+        try:
+            records.append(json.loads(raw.decode("utf-8")))
+        except ValueError as exc:
+            raise ValueError(f"{log_path}: line {number} is not valid JSON: {exc}") from None
+    return records
+
+
+def _append_line(path: Path, record: dict) -> None:
+    # One os.write on an O_APPEND descriptor: the line lands whole and is visible to other
+    # processes at once (no Python buffer to flush), and no descriptor stays open.
+    data = (json.dumps(record) + "\n").encode("ascii")
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
+def _describe(exc: BaseException) -> str:
+    try:
+        text = f"{type(exc).__name__}: {exc}"
+    except Exception:  # a student's exception whose __str__ itself raises
+        text = f"{type(exc).__name__}: <unprintable>"
+    return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 3] + "..."
+
+
+def _check_faults(faults: Sequence[str]) -> tuple[str, ...]:
+    if isinstance(faults, str):
+        raise TypeError("faults must be a sequence of fault names, not a single string")
+    faults = tuple(faults)
+    unknown = [f for f in faults if f not in FAULTS]
+    if unknown:
+        raise ValueError(f"unknown fault(s) {unknown}; known: {', '.join(FAULTS)}")
+    return faults
+
+
+# ---------------------------------------------------------------------------------------------
+# Shared server state
+
+
+@dataclass
+class _State:
+    log_path: Path
+    faults: tuple[str, ...]
+    receive: Receive | None
+    open_sink: OpenSink | None
+    sink_path: Path | None
+    slow_seconds: float
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    log_lock: threading.Lock = field(default_factory=threading.Lock)
+    stopping: threading.Event = field(default_factory=threading.Event)
+    n: int = 0  # requests seen (all paths and methods)
+    fault_index: int = 0  # POST /events requests seen
+    inbox: dict[str, str] = field(default_factory=dict)  # built-in inbox: id -> canonical body
+
+    def next_n(self) -> int:
+        with self.lock:
+            self.n += 1
+            return self.n
+
+    def take_fault(self) -> str:
+        with self.lock:
+            i = self.fault_index
+            self.fault_index += 1
+        return self.faults[i] if i < len(self.faults) else "none"
+
+    def log(self, record: dict) -> None:
+        with self.log_lock:
+            _append_line(self.log_path, record)
+
+    def apply(self, event: dict) -> tuple[str, str | None]:
+        """Apply one event; returns (outcome, error message or None)."""
+        if self.receive is None:
+            return self._apply_builtin(event)
+        return self._apply_receive(event)
+
+    def _apply_builtin(self, event: dict) -> tuple[str, str | None]:
+        event_id = event.get("id")
+        if not isinstance(event_id, str):
+            return "bad_request", "event has no string 'id'"
+        body = json.dumps(event, sort_keys=True, separators=(",", ":"))
+        with self.lock:
+            known = self.inbox.get(event_id)
+            if known is None:
+                self.inbox[event_id] = body
+                return "applied", None
+        return ("duplicate", None) if known == body else ("conflict", "different body, same id")
+
+    def _apply_receive(self, event: dict) -> tuple[str, str | None]:
+        # The lab's connections are not shared across threads: open one here, in the thread
+        # that calls receive, and close it before answering. No commit on receive's behalf:
+        # an uncommitted change must be lost, so the judge sees it missing from the sink.
+        assert self.receive is not None
+        assert self.open_sink is not None
+        con = None
+        try:
+            con = self.open_sink(self.sink_path)
+            result = self.receive(con, event)
+        except BaseException as exc:  # student code may raise anything, even SystemExit
+            if any(cls.__name__ == "Conflict" for cls in type(exc).__mro__):
+                return "conflict", _describe(exc)
+            if isinstance(exc, ValueError):
+                return "bad_request", _describe(exc)
+            return "error", _describe(exc)
+        finally:
+            if con is not None:
+                # A broken sink object must not cost the client its answer.
+                with contextlib.suppress(Exception):
+                    con.close()
+        if result is True:
+            return "applied", None
+        if result is False:
+            return "duplicate", None
+        return "error", f"receive returned {result!r}, expected True or False"[:MAX_ERROR_CHARS]
+
+
+# ---------------------------------------------------------------------------------------------
+# HTTP
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True  # a thread stuck in student code must not block interpreter exit
+    block_on_close = False  # we join our own threads, with a timeout (ThreadingMixIn's has none)
+
+    def __init__(self, state: _State) -> None:
+        self.state = state
+        self.active: set[socket.socket] = set()  # request sockets not yet closed
+        self.threads: list[threading.Thread] = []
+        self.conn_count = 0
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.timeout = POLL_INTERVAL
+
+    def server_bind(self) -> None:
+        # HTTPServer.server_bind calls socket.getfqdn(), a DNS lookup we neither need nor want.
+        socketserver.TCPServer.server_bind(self)
+        self.server_name, self.server_port = self.server_address[:2]
+
+    def process_request(self, request, client_address) -> None:
+        # Like ThreadingMixIn's, plus: named threads (tests look for leftovers by name) and a
+        # registry of threads and sockets that close() can wake and join.
+        with self.state.lock:
+            thread = None
+            if not self.state.stopping.is_set():
+                self.conn_count += 1
+                thread = threading.Thread(
+                    target=self.process_request_thread, args=(request, client_address),
+                    name=f"warehouse-{self.server_port}-conn-{self.conn_count}", daemon=True)
+                self.active.add(request)
+                self.threads = [t for t in self.threads if t.is_alive()] + [thread]
+        if thread is None:
+            self.shutdown_request(request)
+        else:
+            thread.start()
+
+    def shutdown_request(self, request) -> None:
+        # Under the lock, so close() never shuts down a socket object while it is closed here.
+        with self.state.lock:
+            self.active.discard(request)
+            super().shutdown_request(request)
+
+    def handle_error(self, request, client_address) -> None:
+        pass  # the default prints a traceback to stderr, and the server must stay silent
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+    protocol_version = "HTTP/1.0"  # one request per connection
+    timeout = SOCKET_TIMEOUT
+    # Per-request facts for the log line; one request per handler instance.
+    _n: int | None = None
+    _t_start: float = 0.0
+    _fault: str = "none"
+    _event_id: str | None = None
+    _body: str | None = None  # the raw POST body, for the judge's canonical-body check
+
+    def log_message(self, *args: Any) -> None:
+        pass  # silent: student-facing output must not carry our access log
+
+    def _begin(self) -> None:
+        if self._n is None:
+            self._t_start = time.time()
+            self._n = self.server.state.next_n()
+
+    def _reply(self, outcome: str, response: str, status: int | None, body: bytes = b"", *,
+               content_type: str = "application/json", headers: dict[str, str] | None = None,
+               error: str | None = None) -> None:
+        """Log the request, then send the answer (none when status is None).
+
+        Logging first: once a client holds the answer, the judge can already read the line
+        that explains it. t_end is therefore the moment the answer was about to be written.
+        """
+        self._begin()
+        self.server.state.log({
+            "n": self._n,
+            "method": getattr(self, "command", None),
+            "path": getattr(self, "path", None),
+            "id": self._event_id,
+            "body": self._body,
+            "content_type": self.headers.get("Content-Type") if getattr(self, "headers", None) else None,
+            "fault": self._fault,
+            "outcome": outcome,
+            "response": response,
+            "status": status,
+            "error": error,
+            "t_start": self._t_start,
+            "t_end": time.time(),
+        })
+        self.close_connection = True
+        if status is None:
+            return
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Connection", "close")
+            for name, value in (headers or {}).items():
+                self.send_header(name, value)
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(body)
+        except OSError:
+            pass  # the client went away (or close() shut the socket); the log says what we meant
+
+    def _reply_error(self, outcome: str, status: int, error: str | None = None,
+                     headers: dict[str, str] | None = None) -> None:
+        self._reply(outcome, str(status), status, _ERROR_BODIES[status], headers=headers,
+                    error=error)
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        # Reached only for requests the base class rejects itself (bad request line, unknown
+        # method): logged and answered like any other refusal.
+        code = int(code)
+        self._reply("bad_request", str(code), code,
+                    json.dumps({"error": message or "bad_request"}).encode(), error=message)
+
+    def _not_served(self) -> None:
+        if self.path == EVENTS_PATH:
+            self._reply_error("bad_request", 405, headers={"Allow": "POST"})
+        else:
+            self._reply_error("bad_request", 404)
+
+    def do_GET(self) -> None:
+        # What urllib does with a 302 to a POST: a GET to the new place, without the body.
+        # Answer it with an ACK-looking reply, so a client that follows redirects "succeeds"
+        # although nothing was delivered (the trap this fault exists to show).
+        self._begin()
+        if self.path.startswith(REDIRECT_LOCATION + "?id="):
+            self._event_id = self.path.split("?id=", 1)[1]
+            self._reply("not_applied", "ack_after_redirect", 200,
+                        json.dumps({"ack": self._event_id}).encode())
+        else:
+            self._not_served()
+
+    do_HEAD = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _not_served
+
+    def do_POST(self) -> None:
+        self._begin()
+        if self.path != EVENTS_PATH:
+            self._not_served()
+            return
+        state = self.server.state
+        self._fault = fault = state.take_fault()
+
+        body, status, problem = self._read_body()
+        if status is not None:
+            self._reply_error("bad_request", status, problem)
+            return
+        self._body = body[:4096].decode("utf-8", "replace")
+        event, problem = _parse_event(body)
+        if event is not None and isinstance(event.get("id"), str):
+            self._event_id = event["id"]  # logged even when the event is not applied
+
+        if fault in ("redirect_302", "redirect_307"):
+            target = REDIRECT_LOCATION + (f"?id={self._event_id}" if self._event_id else "")
+            self._reply("not_applied", "redirect", int(fault[-3:]), b'{"moved": true}',
+                        headers={"Location": target})
+        elif fault == "status_500":
+            self._reply("not_applied", "500", 500, _ERROR_BODIES[500])
+        elif fault == "conflict_409":
+            self._reply("not_applied", "409", 409, _ERROR_BODIES[409])
+        elif event is None:
+            self._reply_error("bad_request", 400, problem)
+        else:
+            outcome, error = state.apply(event)
+            if outcome in ("applied", "duplicate"):
+                self._answer_accepted(outcome, str(event.get("id")))
+            else:
+                self._reply_error(outcome, _OUTCOME_STATUS[outcome], error)
+
+    def _read_body(self) -> tuple[bytes, int | None, str | None]:
+        """Returns (body, error status or None, error message)."""
+        if self.headers.get("Transfer-Encoding"):
+            return b"", 400, "Transfer-Encoding is not supported; send Content-Length"
+        raw = self.headers.get("Content-Length")
+        try:
+            length = int(raw) if raw is not None else -1
+        except ValueError:
+            length = -1
+        if length < 0:
+            return b"", 400, f"missing or invalid Content-Length: {raw!r}"
+        if length > MAX_BODY:
+            # Read and discard a moderately oversized body: closing a socket with unread data
+            # sends a reset, which can destroy the 413 before the client reads it.
+            remaining = min(length, DRAIN_LIMIT)
+            with contextlib.suppress(OSError):
+                while remaining > 0:
+                    chunk = self.rfile.read(min(remaining, 65536))
+                    if not chunk:
+                        break
+                    remaining -= len(chunk)
+            return b"", 413, f"body of {length} bytes exceeds {MAX_BODY}"
+        try:
+            body = self.rfile.read(length)
+        except OSError as exc:
+            return b"", 400, _describe(exc)
+        if len(body) != length:
+            return b"", 400, f"body ended after {len(body)} of {length} bytes"
+        return body, None, None
+
+    def _answer_accepted(self, outcome: str, event_id: str) -> None:
+        fault = self._fault
+        ack = json.dumps({"ack": event_id}).encode()
+        if fault == "drop_after_commit":
+            self._reply(outcome, "dropped", None)
+            with contextlib.suppress(OSError):
+                self.request.shutdown(socket.SHUT_RDWR)  # FIN without a byte of response
+        elif fault == "slow":
+            if self.server.state.stopping.wait(self.server.state.slow_seconds):
+                # close() interrupted the wait: nobody will get this answer.
+                self._reply(outcome, "dropped", None, error="server closed during slow reply")
+            else:
+                self._reply(outcome, "slow_ack", 200, ack)
+        elif fault == "wrong_id":
+            wrong = json.dumps({"ack": f"{event_id}-other"}).encode()
+            self._reply(outcome, "wrong_id", 200, wrong)
+        elif fault == "oversized":
+            padded = json.dumps({"ack": event_id, "pad": "x" * OVERSIZED_PAD}).encode()
+            self._reply(outcome, "oversized", 200, padded)
+        elif fault == "not_json":
+            self._reply(outcome, "not_json", 200, b"ok", content_type="text/plain")
+        else:
+            self._reply(outcome, "ack", 200, ack)
+
+
+def _parse_event(body: bytes) -> tuple[dict | None, str | None]:
+    try:
+        event = json.loads(body.decode("utf-8"))
+    except ValueError as exc:  # includes UnicodeDecodeError and JSONDecodeError
+        return None, _describe(exc)
+    if not isinstance(event, dict):
+        return None, f"event must be a JSON object, got {type(event).__name__}"
+    return event, None
+
+
+# ---------------------------------------------------------------------------------------------
+# In-process server
+
+
+@dataclass
+class Warehouse:
+    """A running warehouse server. Use as a context manager, or call close()."""
+
+    url: str
+    port: int
+    log_path: Path
+    _server: _Server = field(repr=False)
+    _thread: threading.Thread = field(repr=False)
+    _closed: bool = field(default=False, repr=False)
+    _close_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def requests(self) -> list[dict]:
+        return read_log(self.log_path)
+
+    def close(self) -> None:
+        """Stop accepting, interrupt slow replies, shut open sockets, join threads (bounded)."""
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+        server = self._server
+        state = server.state
+        state.stopping.set()  # ends the accept loop and any `slow` wait
+        self._thread.join(timeout=CLOSE_JOIN_SECONDS)
+        server.server_close()  # the listening socket
+        with state.lock:
+            # Wake handlers blocked on a client that never finishes its request. Shutdown,
+            # not close: the handler thread still owns the descriptor.
+            for sock in server.active:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+            threads = list(server.threads)
+        deadline = time.monotonic() + CLOSE_JOIN_SECONDS
+        for thread in threads:
+            if thread.ident is not None:  # started (the accept thread may not have finished)
+                thread.join(timeout=max(0.0, deadline - time.monotonic()))
+
+    def __enter__(self) -> Warehouse:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def _serve(server: _Server) -> None:
+    # Our own loop instead of serve_forever(): BaseServer.shutdown() waits without a timeout.
+    while not server.state.stopping.is_set():
+        try:
+            server.handle_request()  # returns after one request or POLL_INTERVAL
+        except OSError:
+            # Only a closed listening socket gets here; stop quietly (a thread traceback
+            # would land on the stderr of whoever runs the judge).
+            break
+
+
+def start_warehouse(
+    log_path: Path,
+    faults: Sequence[str] = (),
+    *,
+    receive: Receive | None = None,
+    open_sink: OpenSink | None = None,
+    sink_path: Path | None = None,
+    slow_seconds: float = 3.0,
+) -> Warehouse:
+    """Start a warehouse on 127.0.0.1 and an ephemeral port, serving in background threads.
+
+    `faults[i]` applies to the (i+1)-th `POST /events`; later requests are served normally.
+    With `receive` and `open_sink` (and `sink_path`), each request opens its own sink
+    connection in the handler thread; without them a built-in in-memory inbox is used.
+    """
+    faults = _check_faults(faults)
+    if (receive is None) != (open_sink is None):
+        raise ValueError("give both receive and open_sink, or neither")
+    if receive is not None and sink_path is None:
+        raise ValueError("sink_path is required with receive/open_sink")
+    if (isinstance(slow_seconds, bool) or not isinstance(slow_seconds, (int, float))
+            or not math.isfinite(slow_seconds) or slow_seconds < 0):
+        raise ValueError(f"slow_seconds must be a finite number >= 0, got {slow_seconds!r}")
+    log_path = Path(log_path)
+    log_path.touch()  # the log exists (possibly empty) as soon as the server does
+    state = _State(
+        log_path=log_path, faults=faults, receive=receive, open_sink=open_sink,
+        sink_path=Path(sink_path) if sink_path is not None else None,
+        slow_seconds=float(slow_seconds),
+    )
+    server = _Server(state)
+    port = server.server_port
+    thread = threading.Thread(target=_serve, args=(server,), name=f"warehouse-{port}-accept",
+                              daemon=True)
+    thread.start()
+    return Warehouse(url=f"http://127.0.0.1:{port}{EVENTS_PATH}", port=port, log_path=log_path,
+                     _server=server, _thread=thread)
+
+
+# ---------------------------------------------------------------------------------------------
+# Child-process mode
+
+
+def _import_worker(module_path: Path) -> Any:
+    module_path = Path(module_path).resolve()
+    sys.path.insert(0, str(module_path.parent))  # lets the student's module import siblings
+    spec = importlib.util.spec_from_file_location("worker", module_path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load a module from {module_path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["worker"] = module
+    spec.loader.exec_module(module)
+    for name in ("receive", "open_sink"):
+        if not callable(getattr(module, name, None)):
+            raise AttributeError(f"{module_path.name} defines no function {name!r}")
+    return module
+
+
+def _write_ready(path: Path, payload: dict) -> None:
+    # Atomic: the parent polls this file and must never read half of it.
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(payload), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Serve the warehouse with a student's worker module until SIGTERM/SIGINT."""
+    parser = argparse.ArgumentParser(
+        prog="python -m labkit.warehouse",
+        description="Serve POST /events with MODULE's receive/open_sink until SIGTERM.",
+    )
+    parser.add_argument("--module", type=Path, required=True, help="path of worker.py")
+    parser.add_argument("--sink", type=Path, required=True, help="sink SQLite file")
+    parser.add_argument("--log", type=Path, required=True, help="JSON Lines request log")
+    parser.add_argument("--ready", type=Path, required=True,
+                        help='file that receives {"port", "url"} or {"error"}')
+    parser.add_argument("--faults", default="", help="comma-separated fault names, in order")
+    parser.add_argument("--slow-seconds", type=float, default=3.0)
+    args = parser.parse_args(argv)
+
+    stop = threading.Event()
+    threading.Thread(target=_watch_parent, args=(os.getppid(), stop), daemon=True,
+                     name="warehouse-parent-watch").start()
+    try:
+        module = _import_worker(args.module)
+    except BaseException as exc:  # the student's import may raise anything, even SystemExit
+        _write_ready(args.ready, {"error": _describe(exc)})
+        return 3
+    # Only now: during the import the default SIGTERM simply ends us (nothing to close yet),
+    # and installing after it overrides any handler the module installed.
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    try:
+        faults = [f.strip() for f in args.faults.split(",") if f.strip()]
+        warehouse = start_warehouse(args.log, faults, receive=module.receive,
+                                    open_sink=module.open_sink, sink_path=args.sink,
+                                    slow_seconds=args.slow_seconds)
+    except Exception as exc:  # reported through the ready file, like an import error
+        _write_ready(args.ready, {"error": _describe(exc)})
+        return 2
+    with warehouse:
+        _write_ready(args.ready, {"port": warehouse.port, "url": warehouse.url})
+        while not stop.wait(0.2):  # timed, so the main thread keeps running signal handlers
+            pass
+    return 0
+
+
+def _watch_parent(parent: int, stop: threading.Event) -> None:
+    # We run in our own session, out of reach of the judge's group kills: if the judge dies
+    # (we get re-parented), stop serving; if that does not end us in 2 s (say the student's
+    # import hangs), exit hard.
+    while os.getppid() == parent:
+        time.sleep(0.2)
+    stop.set()
+    time.sleep(2.0)
+    os._exit(70)
+
+
+@dataclass
+class WarehouseProcess:
+    """A warehouse running in a child process (its own session); close() ends the group."""
+
+    proc: subprocess.Popen
+    url: str
+    port: int
+    log_path: Path
+    _closed: bool = field(default=False, repr=False)
+
+    def requests(self) -> list[dict]:
+        return read_log(self.log_path)
+
+    def close(self) -> None:
+        """SIGTERM, wait at most 2 s, then SIGKILL the whole process group. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        _stop_group(self.proc, grace=2.0)
+
+    def __enter__(self) -> WarehouseProcess:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def _exited(proc: subprocess.Popen) -> bool:
+    """True once the child has exited, without reaping it: an unreaped child keeps its pid,
+    so the process group id cannot be reused before we signal the group."""
+    if proc.returncode is not None:
+        return True
+    try:
+        return os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return True
+
+
+def _stop_group(proc: subprocess.Popen, grace: float) -> None:
+    if not _exited(proc):
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while not _exited(proc) and time.monotonic() < deadline:
+            time.sleep(0.01)
+    # Whatever the leader did, anything it started in its group goes too.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=2.0)  # SIGKILL cannot be ignored; the bound is only a safety net
+
+
+def _read_ready(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def spawn_warehouse(
+    module_path: Path,
+    sink_path: Path,
+    log_path: Path,
+    workdir: Path,
+    faults: Sequence[str] = (),
+    ready_timeout: float = 5.0,
+    *,
+    slow_seconds: float = 3.0,
+    marker: str | None = None,
+) -> WarehouseProcess:
+    """Run `python -m labkit.warehouse` on the student's module in a new session and wait
+    (at most `ready_timeout`) until it serves. Raises WarehouseStartError if it does not."""
+    faults = _check_faults(faults)
+    workdir = Path(workdir).resolve()
+    ready = workdir / "warehouse-ready.json"
+    ready.unlink(missing_ok=True)
+    # Absolute paths: the child runs in workdir.
+    cmd = [
+        # -P: the child's cwd (the student's folder) must not shadow stdlib or labkit modules.
+        sys.executable, "-P", "-m", "labkit.warehouse",
+        "--module", str(Path(module_path).resolve()),
+        "--sink", str(Path(sink_path).resolve()),
+        "--log", str(Path(log_path).resolve()),
+        "--ready", str(ready),
+        "--slow-seconds", repr(float(slow_seconds)),
+    ]
+    if faults:
+        cmd += ["--faults", ",".join(faults)]
+    from labkit.child import child_env  # the same marker and paths as every judged child
+
+    env = child_env(marker) if marker else child_env("unmarked")
+    with open(workdir / "warehouse.stdout", "wb") as out, \
+            open(workdir / "warehouse.stderr", "wb") as err:
+        proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdin=subprocess.DEVNULL,
+                                stdout=out, stderr=err, start_new_session=True)
+
+    deadline = time.monotonic() + ready_timeout
+    info = _read_ready(ready)
+    while info is None and not _exited(proc) and time.monotonic() < deadline:
+        time.sleep(0.01)
+        info = _read_ready(ready)
+    if info is None:
+        info = _read_ready(ready)  # the child may have written it just before exiting
+
+    if info is not None and "port" in info:
+        return WarehouseProcess(proc=proc, url=info["url"], port=int(info["port"]),
+                                log_path=Path(log_path))
+    exited = _exited(proc)
+    _stop_group(proc, grace=0.0)
+    if info is not None and "error" in info:
+        kind = "worker module failed to import" if proc.returncode == 3 else "warehouse failed"
+        raise WarehouseStartError(f"{kind}: {info['error']}")
+    if exited:
+        tail = _tail(workdir / "warehouse.stderr")
+        raise WarehouseStartError(
+            f"warehouse process exited with code {proc.returncode} before it was ready"
+            + (f"; stderr ends with: {tail}" if tail else "")
+        )
+    raise WarehouseStartError(f"warehouse process was not ready within {ready_timeout} s")
+
+
+def _tail(path: Path, limit: int = 500) -> str:
+    try:
+        text = path.read_bytes()[-limit:].decode("utf-8", "replace")
+    except OSError:
+        return ""
+    return text.strip()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
