@@ -56,10 +56,11 @@ def run_check(args: argparse.Namespace) -> int:
         except KeyError:
             raise UsageError(f"lab {args.lab} has no step {step!r}") from None
     verdict = run_lab(lab, args.solution.resolve(), steps, args.seed)
-    if args.json:
-        print(json.dumps(verdict.to_json(), ensure_ascii=False))
-    else:
-        print(render_lab(verdict))
+    text = json.dumps(verdict.to_json(), ensure_ascii=False) if args.json else render_lab(verdict)
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:  # `... | head`: the reader left; the verdict still decides the exit code
+        sys.stdout = None
     return 0 if verdict.passed else 1
 
 
