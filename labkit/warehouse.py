@@ -493,6 +493,14 @@ class Warehouse:
         self.close()
 
 
+def close_all(warehouses: Sequence[Warehouse]) -> None:
+    """Close many servers in about the time of one: signal them all, then join each."""
+    for wh in warehouses:
+        wh._server.state.stopping.set()
+    for wh in warehouses:
+        wh.close()
+
+
 def _serve(server: _Server) -> None:
     # Our own loop instead of serve_forever(): BaseServer.shutdown() waits without a timeout.
     while not server.state.stopping.is_set():
