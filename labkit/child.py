@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import selectors
 import subprocess
 import sys
@@ -19,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from labkit import reaper
-from labkit.limits import CHILD_MEMORY_BYTES, CHILD_OUTPUT_BYTES, KILL_GRACE, RUN_MARKER
+from labkit.limits import CHILD_OUTPUT_BYTES, KILL_GRACE, RUN_MARKER
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_RESULT_BYTES = 8 * 1024 * 1024
@@ -74,12 +73,6 @@ class ChildRun:
         return [r for r in self.records if r.get("event") == "note"]
 
 
-def _limit_resources() -> None:  # runs in the child between fork and exec
-    resource.setrlimit(resource.RLIMIT_AS, (CHILD_MEMORY_BYTES, CHILD_MEMORY_BYTES))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (256 * 1024 * 1024, 256 * 1024 * 1024))
-
-
 def child_env(marker: str, extra: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env[RUN_MARKER] = marker
@@ -126,7 +119,6 @@ def run_child(
                     env=child_env(marker, {"LABKIT_RESULT_FD": str(write_fd), **(env or {})}),
                     pass_fds=(write_fd,),
                     start_new_session=True,
-                    preexec_fn=_limit_resources,
                 )
             finally:
                 os.close(write_fd)

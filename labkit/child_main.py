@@ -28,6 +28,9 @@ def load_module(path: str, name: str):
 
 
 def main() -> int:
+    from labkit.limits import limit_resources
+
+    limit_resources()
     request = json.loads(sys.stdin.read())
     probe.attach(int(os.environ["LABKIT_RESULT_FD"]), request["module"])
     target_module, _, target_name = request["probe"].partition(":")

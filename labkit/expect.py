@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from labkit.child import ChildRun
+from labkit.limits import CHILD_MEMORY_BYTES
 from labkit.values import decode, same, show
 from labkit.verdict import Case, Outcome
 
@@ -106,13 +107,13 @@ def judge(run: ChildRun, plans: list[Plan], timeout: float) -> list[Case]:
         if miss is None:
             cases.append(Case(plan.name, Outcome.PASSED, plan.called, plan.expected))
             continue
-        outcome = miss.outcome
-        trace = ""
+        outcome, hint, trace = miss.outcome, miss.hint or plan.hint, ""
         if record["outcome"].get("kind") == "raised" and outcome is Outcome.WRONG:
             outcome = Outcome.RAISED
             trace = record["outcome"].get("trace", "")
-        cases.append(Case(plan.name, outcome, plan.called, plan.expected, miss.got,
-                          miss.hint or plan.hint, trace))
+            if record["outcome"].get("type") == "MemoryError":
+                hint = f"Each check process may use {CHILD_MEMORY_BYTES // 2**20} MiB: something here allocates far more."
+        cases.append(Case(plan.name, outcome, plan.called, plan.expected, miss.got, hint, trace))
     return cases
 
 

@@ -7,6 +7,8 @@ STEP_TIMEOUT = 10.0
 SCENARIO_TIMEOUT = 10.0
 # Child processes get this much address space; a memory hog dies with MemoryError.
 CHILD_MEMORY_BYTES = 1024 * 1024 * 1024
+# Largest file a child may write (its stdout file included): a print loop cannot fill the disk.
+CHILD_FILE_BYTES = 256 * 1024 * 1024
 # Captured stdout/stderr of a child, per stream.
 CHILD_OUTPUT_BYTES = 64 * 1024
 # How long a killed process group may take to disappear before we stop waiting.
@@ -27,3 +29,13 @@ def step_timeout() -> float:
         return float(value) if value else STEP_TIMEOUT
     except ValueError:
         return STEP_TIMEOUT
+
+
+def limit_resources() -> None:
+    """Called first thing inside every child that will run student code (not via preexec_fn,
+    which is unsafe while the judge runs steps in threads)."""
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (CHILD_MEMORY_BYTES, CHILD_MEMORY_BYTES))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (CHILD_FILE_BYTES, CHILD_FILE_BYTES))

@@ -596,6 +596,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     threading.Thread(target=_watch_parent, args=(os.getppid(), stop), daemon=True,
                      name="warehouse-parent-watch").start()
     try:
+        from labkit.limits import limit_resources
+
+        limit_resources()  # the student's receive runs in this process
         module = _import_worker(args.module)
     except BaseException as exc:  # the student's import may raise anything, even SystemExit
         _write_ready(args.ready, {"error": _describe(exc)})
