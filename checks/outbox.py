@@ -111,7 +111,7 @@ def check_validate(ctx: StepContext) -> list[Case]:
                           both(raises("ValueError", hint), _unchanged), hint))
     specs = [{"name": p.name, "fn": "validate_event", "args": [encode(v)]}
              for p, v in zip(plans, [v for _, v in good] + [v for _, v, _ in bad], strict=True)]
-    return ctx.cases("calls", plans, {"calls": specs})
+    return ctx.cases("calls", plans, {"calls": specs}, probes="labkit.probe")
 
 
 def _unchanged(record: dict) -> Miss | None:
@@ -692,6 +692,44 @@ NETWORK_HINT = ("Network failures are not DeliveryError: let the OSError propaga
                 "(the row stays pending and is re-sent later).")
 
 
+def _padded_ack_server():
+    """A 200 whose body is exactly {"ack": <id>} plus JSON whitespace past 1,024 bytes.
+
+    The warehouse's `oversized` reply carries an extra key, which an exact comparison rejects
+    whatever its size; only a reply that is wrong by its size alone shows that the limit holds.
+    """
+    import json
+    import socketserver
+    import threading
+    from http.server import BaseHTTPRequestHandler
+
+    class Handler(BaseHTTPRequestHandler):
+        timeout = 5.0
+
+        def do_POST(self):
+            try:
+                event_id = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))["id"]
+            except (ValueError, TypeError, KeyError):
+                event_id = None
+            body = json.dumps({"ack": event_id}).encode() + b" " * 4096
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    class Server(socketserver.TCPServer):
+        def handle_error(self, request, client_address):
+            pass  # a client that stops reading early is what this server is for
+
+    server = Server(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    return server
+
+
 def check_send_http(ctx: StepContext) -> list[Case]:
     from labkit.warehouse import close_all, start_warehouse
 
@@ -710,6 +748,7 @@ def check_send_http(ctx: StepContext) -> list[Case]:
     def fresh(prefix):
         return event(name(rng, prefix), name(rng, "sku", 3), rng.randint(1, 1000))
 
+    padded = None
     try:
         proxy = server()
         good = server()
@@ -748,6 +787,12 @@ def check_send_http(ctx: StepContext) -> list[Case]:
             e = fresh(fault.replace("_", "-"))
             add(Plan(f"{label} is not an ACK", f"send_http(url, {show(e)}) answered with {label}", "DeliveryError",
                      both(is_module_exception("DeliveryError", hint), _not_followed(wh))), wh.url, e)
+        padded = _padded_ack_server()
+        e = fresh("padded")
+        add(Plan("a valid ACK padded past 1,024 bytes is not an ACK",
+                 f"send_http(url, {show(e)}) answered with {{\"ack\": id}} and 4 KB of spaces", "DeliveryError",
+                 is_module_exception("DeliveryError", DELIVERY_FAULTS["oversized"][1])),
+            f"http://127.0.0.1:{padded.server_address[1]}/events", e)
         dropped = server(["drop_after_commit"])
         e = fresh("dropped")
         add(Plan("the connection closes without a response", "send_http(url, event); the server commits, then hangs up",
@@ -765,9 +810,12 @@ def check_send_http(ctx: StepContext) -> list[Case]:
                  _network_error), gone_url, e)
         proxy_env = {"http_proxy": f"http://127.0.0.1:{proxy.port}", "HTTP_PROXY": f"http://127.0.0.1:{proxy.port}",
                      "no_proxy": "", "NO_PROXY": ""}
-        return ctx.cases("calls", plans, {"calls": specs}, env=proxy_env)
+        return ctx.cases("calls", plans, {"calls": specs}, env=proxy_env, probes="labkit.probe")
     finally:
         close_all(servers)
+        if padded is not None:
+            padded.shutdown()
+            padded.server_close()
 
 
 def _posted_once(wh, sent):
@@ -871,16 +919,20 @@ def _snapshot(ctx, t, source, sink, event_id):
 
 def _process_problem(run, expected: str) -> Miss:
     """Why a publisher process did not do what the scenario needed."""
-    from labkit.expect import import_problem
+    from labkit.expect import SKELETON_HINT, import_problem
 
     if not run.imported:
         got, hint, _ = import_problem(run, 10.0)
         return Miss(got, hint)
-    if run.timed_out:
-        return Miss("the publisher did not finish in time and was killed", "Look for a wait without a timeout.")
-    record = run.cases().get("dispatch")
+    record = run.cases().get("dispatch")  # a report is firmer evidence than `timed_out` (set at EOF)
+    if record is not None and record["outcome"]["kind"] in ("not_implemented", "missing"):  # open_source or dispatch
+        skeleton = record["outcome"]["kind"] == "not_implemented"
+        return Miss(describe(record["outcome"]), SKELETON_HINT if skeleton else expected,
+                    Outcome.NOT_IMPLEMENTED if skeleton else Outcome.MISSING)
     if record is not None:
         return Miss(f"dispatch {describe(record['outcome'])} (exit code {run.exit_code})", expected)
+    if run.timed_out:
+        return Miss("the publisher did not finish in time and was killed", "Look for a wait without a timeout.")
     return Miss(f"the process ended with exit code {run.exit_code} before dispatch returned", expected)
 
 
@@ -911,7 +963,7 @@ def _killed_after_ack(ctx, spawn_warehouse) -> list[Case]:
                 "dispatch(con, send_http to the warehouse, 16, after_delivery=os._exit(73))", "exit code 73")
     if first.exit_code != 73 or not hooked:
         miss = _process_problem(first, "after_delivery must be called after a True ACK, before mark_sent.")
-        died.outcome, died.got, died.hint = Outcome.WRONG, miss.got, miss.hint
+        died.outcome, died.got, died.hint = miss.outcome, miss.got, miss.hint
     else:
         ctx.evidence.faults.append("publisher killed in after_delivery (os._exit) — exit code 73 observed")
     cases.append(died)
@@ -984,7 +1036,7 @@ def _lost_response(ctx, spawn_warehouse) -> list[Case]:
     outcome = record["outcome"] if record else None
     if outcome is None or outcome["kind"] != "raised" or "OSError" not in outcome.get("mro", []):
         miss = _process_problem(first, NETWORK_HINT)
-        drop.outcome, drop.got, drop.hint = Outcome.WRONG, miss.got, miss.hint
+        drop.outcome, drop.got, drop.hint = miss.outcome, miss.got, miss.hint
     elif flag_after != 0:
         drop.outcome, drop.got, drop.hint = Outcome.WRONG, f"sent = {flag_after}", MARK_BEFORE_SEND
     else:

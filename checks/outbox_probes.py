@@ -20,52 +20,22 @@ def plain(path: str, timeout: float = 1.0) -> sqlite3.Connection:
     return sqlite3.connect(path, isolation_level=None, timeout=timeout)
 
 
-def calls(mod, args: dict) -> None:
-    """Generic: call one function per case with decoded arguments; note input mutation."""
-    for spec in args["calls"]:
-        probe.started(spec["name"])
-        values = [decode(a) for a in spec["args"]]
-        before = encode(copy.deepcopy(values))
-        outcome, value = probe.call_keep(probe.function(mod, spec["fn"]), *values)
-        returned_input = outcome["kind"] == "returned" and bool(values) and value is values[0]
-        probe.report(spec["name"], outcome, input_changed=encode(values) != before,
-                     returned_input=returned_input)
-
-
 def stores(mod, args: dict) -> None:
     """Step 2: open new and existing files, and a file that is not a database."""
-    real_connect = sqlite3.connect
-    opened: list[sqlite3.Connection] = []
-
-    def tracking_connect(*a, **kw):
-        con = real_connect(*a, **kw)
-        opened.append(con)
-        return con
-
-    sqlite3.connect = tracking_connect
-    for case in args["cases_spec"]:
-        probe.started(case["name"])
-        opened.clear()
-        fn = probe.function(mod, case["fn"])
-        outcome = probe.call(fn, case["path"])
-        observed = {}
-        if outcome["kind"] == "returned":
-            con = opened[-1] if opened else None
-            observed = _describe_connection(con)
-            if con is not None:
-                con.close()
-        else:
-            observed["left_open"] = sum(1 for c in opened if _is_open(c))
-        probe.report(case["name"], outcome, **observed)
-    sqlite3.connect = real_connect
-
-
-def _is_open(con: sqlite3.Connection) -> bool:
-    try:
-        con.execute("SELECT 1")
-        return True
-    except sqlite3.ProgrammingError:
-        return False
+    with probe.tracked_connections() as opened:
+        for case in args["cases_spec"]:
+            probe.started(case["name"])
+            opened.clear()
+            outcome = probe.call(probe.function(mod, case["fn"]), case["path"])
+            observed = {}
+            if outcome["kind"] == "returned":
+                con = opened[-1] if opened else None
+                observed = _describe_connection(con)
+                if con is not None:
+                    con.close()
+            else:
+                observed["left_open"] = sum(1 for c in opened if probe.is_open(c))
+            probe.report(case["name"], outcome, **observed)
 
 
 def _describe_connection(con) -> dict:
@@ -165,7 +135,6 @@ def sending(mod, args: dict) -> None:
 
 def crash_dispatch(mod, args: dict) -> None:
     """Final check: one publisher process. `kill` makes the after-delivery hook die at once."""
-    source = mod.open_source(args["source"])
     url = args["url"]
 
     def send(event):
@@ -177,7 +146,11 @@ def crash_dispatch(mod, args: dict) -> None:
 
     hook = die if args.get("kill") else None
     probe.started("dispatch")
-    outcome = probe.call(mod.dispatch, source, send, args.get("limit", 16), after_delivery=hook)
+    # open_source's own failure (the skeleton, too) is reported as this case's outcome
+    outcome, source = probe.call_keep(probe.function(mod, "open_source"), args["source"])
+    if outcome["kind"] == "returned":
+        outcome = probe.call(probe.function(mod, "dispatch"), source, send, args.get("limit", 16),
+                             after_delivery=hook)
     probe.report("dispatch", outcome)
 
 
@@ -185,11 +158,12 @@ def bad_replies(mod, args: dict) -> None:
     """Final check: dispatch against warehouses whose replies are not evidence of delivery."""
     for case in args["runs"]:
         probe.started(case["name"])
-        source = mod.open_source(case["source"])
+        outcome, source = probe.call_keep(probe.function(mod, "open_source"), case["source"])
 
         def send(event, url=case["url"]):
             return mod.send_http(url, event, timeout=2.0)
 
-        outcome = probe.call(mod.dispatch, source, send, 16)
-        source.close()
+        if outcome["kind"] == "returned":
+            outcome = probe.call(probe.function(mod, "dispatch"), source, send, 16)
+            source.close()
         probe.report(case["name"], outcome)

@@ -65,16 +65,17 @@ class StepContext:
         return marker
 
     def child(self, probe: str, args: dict, *, timeout: float | None = None,
-              env: dict[str, str] | None = None) -> ChildRun:
+              env: dict[str, str] | None = None, probes: str | None = None) -> ChildRun:
+        """Run `probe` from the lab's probes module (or `probes`) in a fresh child."""
         marker = self.marker()
-        return run_child(self.solution, f"{self.lab.probes}:{probe}", args, workdir=self.workdir,
+        return run_child(self.solution, f"{probes or self.lab.probes}:{probe}", args, workdir=self.workdir,
                          timeout=timeout or self.timeout, marker=marker,
                          module_name=self.lab.module_name, env=env)
 
     def cases(self, probe: str, plans: list[expect.Plan], args: dict | None = None,
-              env: dict[str, str] | None = None) -> list[Case]:
+              env: dict[str, str] | None = None, probes: str | None = None) -> list[Case]:
         """The usual shape of a step: one child runs every plan, then each is judged."""
-        run = self.child(probe, {"cases": [p.name for p in plans], **(args or {})}, env=env)
+        run = self.child(probe, {"cases": [p.name for p in plans], **(args or {})}, env=env, probes=probes)
         return expect.judge(run, plans, self.timeout)
 
     def path(self, name: str) -> Path:

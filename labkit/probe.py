@@ -6,14 +6,17 @@ judge never sees the student's objects, only these descriptions of them.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
+import sqlite3
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from types import ModuleType
 from typing import Any
 
-from labkit.values import encode
+from labkit.values import decode, encode
 
 _out = None
 _module_file = ""
@@ -93,3 +96,43 @@ def started(case: str) -> None:
 
 def noop(module: ModuleType, args: dict) -> None:
     """Import only: used to find out once whether the module loads at all."""
+
+
+def calls(module: ModuleType, args: dict) -> None:
+    """Generic probe: one plain function call per case, with decoded arguments.
+
+    Also observes whether the input was modified and whether the input object itself came
+    back ("returns a new dict/list" in the contracts)."""
+    for spec in args["calls"]:
+        started(spec["name"])
+        values = [decode(a) for a in spec["args"]]
+        before = encode(copy.deepcopy(values))
+        outcome, value = call_keep(function(module, spec["fn"]), *values)
+        returned_input = outcome["kind"] == "returned" and bool(values) and value is values[0]
+        report(spec["name"], outcome, input_changed=encode(values) != before, returned_input=returned_input)
+
+
+@contextmanager
+def tracked_connections() -> Iterator[list[sqlite3.Connection]]:
+    """Every sqlite3 connection opened inside the block, so a probe can ask which are open."""
+    real_connect = sqlite3.connect
+    opened: list[sqlite3.Connection] = []
+
+    def tracking_connect(*a, **kw):
+        con = real_connect(*a, **kw)
+        opened.append(con)
+        return con
+
+    sqlite3.connect = tracking_connect
+    try:
+        yield opened
+    finally:
+        sqlite3.connect = real_connect
+
+
+def is_open(con: sqlite3.Connection) -> bool:
+    try:
+        con.execute("SELECT 1")
+        return True
+    except sqlite3.ProgrammingError:
+        return False
