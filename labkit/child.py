@@ -129,6 +129,10 @@ def run_child(
                 except BrokenPipeError:  # died at once; the exit code tells
                     pass
                 data = _collect(read_fd, proc, started + timeout)
+                try:  # EOF on the pipe comes a moment before the exit status is ready
+                    proc.wait(timeout=max(0.0, started + timeout - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    pass
                 run.timed_out = proc.poll() is None
             finally:
                 os.close(read_fd)
