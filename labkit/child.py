@@ -137,11 +137,11 @@ def run_child(
             finally:
                 os.close(read_fd)
                 reaper.kill_group(proc.pid)
-                reaper.kill_marked(marker)
-                try:
+                try:  # reap our own child first, so Popen (not the reaper) records its status
                     proc.wait(timeout=KILL_GRACE)
                 except subprocess.TimeoutExpired:
                     pass
+                reaper.kill_marked(marker)
         run.exit_code = proc.returncode
         run.ended_at = time.time()
         run.seconds = time.monotonic() - started

@@ -161,6 +161,7 @@ class _Server:
         self.log: list[dict[str, Any]] = []
         self.resume_list: list[int] = []
         self.ack_list: list[int] = []
+        self.sent_seqs: list[int] = []
         self.count = 0
         self.open = 0
         self.threads: list[threading.Thread] = []
@@ -188,6 +189,8 @@ class _Server:
                 self.resume_list.append(extra["last"])
             elif kind == "ack":
                 self.ack_list.append(extra["seq"])
+            elif kind == "sent":
+                self.sent_seqs.append(extra["seq"])
 
     # -- accepting ---------------------------------------------------------------
     def _accept_loop(self) -> None:
@@ -277,7 +280,12 @@ class _Server:
             return "bad_hello"
         last = int(m.group(1))
         self.record(k, "resume", last=last)
-        pending = [(s, d) for s, d in self.events if s > last]
+        # The contract: send everything after the client's cursor, and resend whatever this
+        # feed sent but never saw ACKed (a client killed between its commit and its ACK gets
+        # it again, although its RESUME says it has it).
+        with self.lock:
+            unacked = set(self.sent_seqs) - set(self.ack_list)
+        pending = [(s, d) for s, d in self.events if s > last or s in unacked]
 
         if fault == "stall":
             self.record(k, "fault", fault=fault, seconds=self.stall_seconds)

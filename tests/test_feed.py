@@ -184,13 +184,14 @@ def test_commit_then_kill_before_ack_duplicate_acks_are_recorded(feeds):
     c.close()  # a plain close (FIN) while the server waits for ACK 1
     assert feed.wait_idle(2.0)
     assert closed_reasons(feed) == ["eof"]
-    # The committed-but-unacked client says RESUME 1: the server trusts it.
-    assert consume(feed, 1) == [(2, 7)]
-    # A client that resumes from further back is sent (and ACKs) 1 and 2 again.
+    # The committed-but-unacked client says RESUME 1: the feed resends 1, which it never saw
+    # ACKed, then continues after the cursor.
+    assert consume(feed, 1) == [(1, -2), (2, 7)]
+    # A client that resumes from further back is sent (and ACKs) what follows its cursor.
     assert consume(feed, 0) == [(1, -2), (2, 7)]
     assert feed.wait_idle(2.0)
     assert feed.resumes() == [-1, 1, 0]
-    assert feed.acks() == [0, 2, 1, 2]
+    assert feed.acks() == [0, 1, 2, 1, 2]
 
 
 def test_reset_does_not_crash_leak_or_print(feeds, capfd):

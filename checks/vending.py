@@ -1,0 +1,1408 @@
+"""Lab `vending` — the snack machine that stops before the ACK (contract: labs/vending.md).
+
+One check per contract step, then the crash check. Each check prepares real SQLite files
+with the judge's own connections (and, for steps 6, 7 and final, the judge's own TCP event
+feed), lets a child process run the student's `client.py` (see `vending_probes.py`), and
+compares what the child reports with what the judge then observes: the DB files, the
+feed's journal (every RESUME, line sent and ACK received) and the exit codes.
+"""
+
+from __future__ import annotations
+
+import random
+import sqlite3
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import closing
+from pathlib import Path
+
+from labkit import stores
+from labkit.expect import SKELETON_HINT, Miss, Plan, describe, import_problem, judge, value_of
+from labkit.feed import Feed, start_feed
+from labkit.judge import LabSpec, StepContext, StepSpec
+from labkit.limits import KILL_EXIT_CODE
+from labkit.values import decode, encode, same, show
+from labkit.verdict import Case, Outcome
+
+SEQ_MAX = 2_147_483_647
+
+BOOL_HINT = "`True` is an `int` in Python (`isinstance(True, int)` is True): test `type(x) is int`."
+TRANSACTION_HINT = ("Do every write between one `BEGIN IMMEDIATE` and one `COMMIT`, and `ROLLBACK` "
+                    "before re-raising on any error (a `try/except BaseException` around the whole "
+                    "transaction), so no transaction is left open.")
+ORDER_HINT = ("The contract's order, in one transaction: insert the ledger row, update the total, "
+              "call fault(), update last, COMMIT.")
+CURSOR_HINT = ("Update the cursor (`last`) after fault(), in the same transaction as the ledger row "
+               "and the total: a cursor saved ahead of its total says 'done' for work that was undone.")
+ACK_AFTER_COMMIT = ("The ACK tells the feed 'saved, forget it': write it only after consume_line returned, "
+                    "that is after COMMIT, and after before_ack(seq).")
+CLOSE_HINT = ("Put `writer.close()` and a bounded `wait_closed()` in a `finally:` around the whole "
+              "session, so it runs on success, on error and on cancellation.")
+ABORT_HINT = ("If the bounded `wait_closed()` raises TimeoutError or ConnectionError, call "
+              "`writer.transport.abort()` and carry on: catch it inside the `finally`, so the "
+              "original error is not masked.")
+TIMEOUT_HINT = "timeout is a positive, finite int or float (not bool): anything else is ValueError."
+READ_HINT = "Bound every read: `await asyncio.wait_for(reader.readline(), timeout)`."
+DB_CLOSE_HINT = ("Close the DB connection on every path: open_store, then `try: ... finally: "
+                 "con.close()` around everything after it.")
+
+
+# --- shared helpers ------------------------------------------------------------------------
+
+
+def both(*checks):
+    """All checks must pass; the first miss is reported."""
+
+    def check(record: dict) -> Miss | None:
+        for one in checks:
+            miss = one(record)
+            if miss is not None:
+                return miss
+        return None
+
+    return check
+
+
+def said(outcome: dict) -> str:
+    """Like `describe`, also for the ways an async call can end."""
+    kind = outcome.get("kind")
+    if kind == "hung":
+        return f"was still running after {outcome['seconds']:g} s, so the judge cancelled it"
+    if kind == "cancelled":
+        return "ended with CancelledError"
+    if kind == "not_async":
+        return f"returned {show(decode(outcome['value']))} at once instead of a coroutine"
+    return describe(outcome)
+
+
+def _outcome_hint(outcome: dict, hint: str) -> str:
+    if outcome.get("kind") == "not_async":
+        return "Declare it `async def`: the caller awaits it."
+    if outcome.get("kind") == "hung" and not hint:
+        return "Look for a wait without a timeout."
+    return hint
+
+
+def returns(expected, hint: str = ""):
+    def check(record: dict) -> Miss | None:
+        outcome = record["outcome"]
+        if outcome["kind"] == "returned" and same(value_of(record), expected):
+            return None
+        return Miss(said(outcome), _outcome_hint(outcome, hint))
+
+    return check
+
+
+def raises(name: str, hint: str = ""):
+    """The call must raise `name` or a subclass of it (matched by class name)."""
+
+    def check(record: dict) -> Miss | None:
+        outcome = record["outcome"]
+        if outcome["kind"] == "raised" and name in outcome.get("mro", []):
+            return None
+        return Miss(said(outcome), _outcome_hint(outcome, hint))
+
+    return check
+
+
+def is_module_exception(cls: str, hint: str = ""):
+    """Raised the module's own `cls`, declared as a direct subclass of Exception."""
+
+    def check(record: dict) -> Miss | None:
+        outcome = record["outcome"]
+        if outcome["kind"] != "raised" or outcome["type"] != cls:
+            return Miss(said(outcome), _outcome_hint(outcome, hint))
+        if outcome["bases"] != ["Exception"]:
+            return Miss(f"raised {cls}, but {cls} derives from {outcome['bases']}",
+                        f"Declare `class {cls}(Exception)`: the contract says a direct subclass of Exception.")
+        return None
+
+    return check
+
+
+def no_open_transaction(record: dict) -> Miss | None:
+    seen = record["observed"]
+    if seen.get("in_transaction"):
+        return Miss("the call returned with a transaction still open", TRANSACTION_HINT)
+    if seen.get("can_write") is False:
+        return Miss("afterwards another connection could not BEGIN IMMEDIATE: a write lock was still held",
+                    TRANSACTION_HINT)
+    return None
+
+
+def unchanged_input(record: dict) -> Miss | None:
+    if record["observed"].get("input_changed"):
+        return Miss("the list passed in was modified",
+                    "Never modify the input: the caller's log is still theirs. Build a new list.")
+    return None
+
+
+def close_feeds(feeds: list[Feed]) -> None:
+    """Close every feed at once (each close joins its threads)."""
+    if feeds:
+        with ThreadPoolExecutor(max_workers=len(feeds)) as pool:
+            list(pool.map(lambda feed: feed.close(), feeds))
+
+
+def acks_on(journal: list[dict]) -> list[int]:
+    return [e["seq"] for e in journal if e["kind"] == "ack"]
+
+
+def sent_on(journal: list[dict]) -> list[int]:
+    return [e["seq"] for e in journal if e["kind"] == "sent"]
+
+
+def resumes_on(journal: list[dict]) -> list[int]:
+    return [e["last"] for e in journal if e["kind"] == "resume"]
+
+
+def deltas(rng: random.Random, n: int) -> list[int]:
+    """Random non-zero deltas, so counting one twice always shows in the total."""
+    return [rng.choice((-1, 1)) * rng.randint(1, 1000) for _ in range(n)]
+
+
+# --- the judge's own view of a store (the contract's schema) ------------------------------
+
+STORE_SCHEMA = """
+CREATE TABLE checkpoint(id INTEGER PRIMARY KEY CHECK (id = 1), last INTEGER NOT NULL,
+    total INTEGER NOT NULL);
+CREATE TABLE ledger(seq INTEGER PRIMARY KEY, delta INTEGER NOT NULL);
+"""
+STORE_COLUMNS = {
+    "checkpoint": [("id", "INTEGER", 0, 1), ("last", "INTEGER", 1, 0), ("total", "INTEGER", 1, 0)],
+    "ledger": [("seq", "INTEGER", 0, 1), ("delta", "INTEGER", 1, 0)],
+}
+
+
+def make_store(path: Path, applied: list[tuple[int, int]] = ()) -> Path:
+    """A store as a correct client would have left it after applying `applied`."""
+    with closing(stores.connect(path)) as con:
+        con.execute("PRAGMA synchronous = OFF")  # a temp seed file: no fsync, other processes still see it
+        con.execute("BEGIN")
+        for statement in STORE_SCHEMA.split(";"):
+            if statement.strip():
+                con.execute(statement)
+        con.executemany("INSERT INTO ledger(seq, delta) VALUES (?, ?)", list(applied))
+        last = applied[-1][0] if applied else -1
+        con.execute("INSERT INTO checkpoint VALUES (1, ?, ?)", (last, sum(d for _, d in applied)))
+        con.execute("COMMIT")
+    return path
+
+
+def snapshot(path: Path) -> dict | None:
+    """last, total and the ledger, read through the judge's own connection."""
+    if not Path(path).exists():
+        return None
+    try:
+        row = stores.rows(path, "SELECT last, total FROM checkpoint WHERE id = 1")
+        ledger = stores.rows(path, "SELECT seq, delta FROM ledger ORDER BY seq")
+    except sqlite3.Error:
+        return None
+    if not row:
+        return None
+    return {"last": row[0][0], "total": row[0][1], "ledger": [list(r) for r in ledger]}
+
+
+def shown(snap: dict | None) -> str:
+    if snap is None:
+        return "no readable store"
+    seqs = [s for s, _ in snap["ledger"]]
+    ledger = "empty" if not seqs else (f"seqs {seqs[0]}–{seqs[-1]}" if seqs == list(range(seqs[0], seqs[-1] + 1))
+                                       else f"seqs {seqs}")
+    return f"last {snap['last']}, total {snap['total']}, ledger {ledger}"
+
+
+def state_after(expected: dict, hint: str, source: str = "after"):
+    """The store, as another connection saw it right after the call, is `expected`."""
+
+    def check(record: dict) -> Miss | None:
+        have = record["observed"].get(source)
+        if have is None:
+            return Miss("the store could not be read afterwards", hint)
+        if (have["last"], have["total"], have["ledger"]) != (expected["last"], expected["total"], expected["ledger"]):
+            return Miss(f"another connection then saw {shown(have)}; expected {shown(expected)}", hint)
+        return None
+
+    return check
+
+
+def judge_reads(path: Path, expected: dict, hint: str):
+    """The judge's own connection, after the child has ended, sees `expected`."""
+
+    def check(record: dict) -> Miss | None:
+        have = snapshot(path)
+        if have != expected:
+            return Miss(f"the judge then read {shown(have)}; expected {shown(expected)}", hint)
+        return None
+
+    return check
+
+
+def store_state(applied: list[tuple[int, int]]) -> dict:
+    return {"last": applied[-1][0] if applied else -1, "total": sum(d for _, d in applied),
+            "ledger": [list(e) for e in applied]}
+
+
+# --- step 1 -------------------------------------------------------------------------------
+
+LF_HINT = ("A frame without its final LF is torn: the feed may have died mid-line. "
+           "Check `line.endswith(b\"\\n\")` before you strip anything.")
+CRLF_HINT = ("CRLF is not this feed's line ending: exactly one LF ends a frame, and a `\\r` before "
+             "it is an error. (`strip()` and `splitlines()` hide it.)")
+ZERO_HINT = ("No leading zeros: `int(b\"07\")` is 7, so check the digits yourself "
+             "(only the number `0` itself may start with 0).")
+SPACE_HINT = ("Fields are separated by exactly one space: `split()` with no argument merges runs of "
+              "spaces and tabs; use `split(b\" \")` or a regex.")
+ASCII_HINT = ("Only ASCII: once decoded, `int()` and `isdigit()` accept digits of other scripts. "
+              "Keep the line as bytes and match `[0-9]`, or check `line.isascii()`.")
+RANGE_HINT = "seq ranges from 0 to 2147483647, delta from -1000 to 1000."
+
+
+def check_parse(ctx: StepContext) -> list[Case]:
+    rng = ctx.rng
+    seq, delta = rng.randint(1, SEQ_MAX), rng.randint(1, 1000)
+    good = [
+        ("a plain frame", b"EVENT 7 5\n", (7, 5)),
+        ("seq 0 and delta 0", b"EVENT 0 0\n", (0, 0)),
+        ("the largest seq and the smallest delta", b"EVENT 2147483647 -1000\n", (SEQ_MAX, -1000)),
+        ("delta 1000", b"EVENT 1 1000\n", (1, 1000)),
+        ("a random frame", b"EVENT %d %d\n" % (seq, delta), (seq, delta)),
+        ("a random negative delta", b"EVENT %d -%d\n" % (seq // 7, delta), (seq // 7, -delta)),
+    ]
+    bad = [
+        ("a str, not bytes", "EVENT 7 5\n", "Only `bytes` are frames: refuse a `str`, don't encode it."),
+        ("a bytearray", bytearray(b"EVENT 7 5\n"), "Only `bytes`: test `type(line) is bytes`."),
+        ("None", None, "Only `bytes` are frames."),
+        ("an empty line", b"", LF_HINT),
+        ("a lone LF", b"\n", "A frame is `EVENT <seq> <delta>`: an empty line is an error."),
+        ("a torn frame (no final LF)", b"EVENT 7 5", LF_HINT),
+        ("a frame ending in CRLF", b"EVENT 7 5\r\n", CRLF_HINT),
+        ("a frame ending in CR", b"EVENT 7 5\r", CRLF_HINT),
+        ("two frames in one line", b"EVENT 7 5\nEVENT 8 1\n", "Exactly one line: a second LF means two frames."),
+        ("an LF in the middle", b"EVENT 7\n5\n", "Exactly one line, with its only LF at the end."),
+        ("seq with a leading zero", b"EVENT 07 5\n", ZERO_HINT),
+        ("seq 00", b"EVENT 00 5\n", ZERO_HINT),
+        ("delta with a leading zero", b"EVENT 7 -05\n", ZERO_HINT),
+        ("delta -0", b"EVENT 7 -0\n", "`-0` is refused: zero has one spelling, `0`. A pattern like "
+                                     "`-?[0-9]+` lets it through."),
+        ("delta with a + sign", b"EVENT 7 +5\n", "No `+` sign: `int()` accepts one, the frame format does not."),
+        ("seq with a + sign", b"EVENT +7 5\n", "No `+` sign: `int()` accepts one, the frame format does not."),
+        ("a negative seq", b"EVENT -1 5\n", RANGE_HINT),
+        ("seq 2147483648", b"EVENT 2147483648 5\n", RANGE_HINT),
+        ("delta 1001", b"EVENT 7 1001\n", RANGE_HINT),
+        ("delta -1001", b"EVENT 7 -1001\n", RANGE_HINT),
+        ("an underscore in a number", b"EVENT 1_000 5\n",
+         "`int()` accepts `_` between digits (`int(\"1_000\") == 1000`): check the characters yourself."),
+        ("fullwidth digits", "EVENT ７ 5\n".encode(), ASCII_HINT),
+        ("Arabic-Indic digits", "EVENT 7 ٥\n".encode(), ASCII_HINT),
+        ("a Latin-1 byte", b"EVENT 7 5\xa0\n", ASCII_HINT),
+        ("two spaces", b"EVENT 7  5\n", SPACE_HINT),
+        ("a tab", b"EVENT\t7 5\n", SPACE_HINT),
+        ("a space before the LF", b"EVENT 7 5 \n", SPACE_HINT),
+        ("a space at the start", b" EVENT 7 5\n", SPACE_HINT),
+        ("lower-case keyword", b"event 7 5\n", "The keyword is `EVENT`, in capitals."),
+        ("a third number", b"EVENT 7 5 9\n", "Exactly two numbers: seq and delta."),
+        ("no delta", b"EVENT 7\n", "Exactly two numbers: seq and delta."),
+        ("65 bytes", b"EVENT 7 " + b"1" * 55 + b"\n", "At most 64 bytes, LF included: refuse longer lines first."),
+    ]
+    plans, values = [], []
+    for label, line, expected in good:
+        plans.append(Plan(label, f"parse_line({show(line)})", show(expected),
+                          returns(expected, "Return a tuple of two ints: `(seq, delta)`.")))
+        values.append(line)
+    for label, line, hint in bad:
+        plans.append(Plan(label, f"parse_line({show(line)})", "ValueError", raises("ValueError", hint), hint))
+        values.append(line)
+    specs = [{"name": p.name, "fn": "parse_line", "args": [encode(v)]} for p, v in zip(plans, values, strict=True)]
+    return ctx.cases("calls", plans, {"calls": specs}, probes="labkit.probe")
+
+
+# --- step 2 -------------------------------------------------------------------------------
+
+KEEP_HINT = ("Create the tables only if missing (`CREATE TABLE IF NOT EXISTS`) and the checkpoint row "
+             "only if missing (`INSERT OR IGNORE`): never drop, clear or reset a saved store. "
+             "Resetting the cursor turns a reconnect into reprocessing from the start.")
+
+
+def _schema_miss(path: Path) -> Miss | None:
+    have = stores.tables(path)
+    for table, cols in STORE_COLUMNS.items():
+        if table not in have:
+            return Miss(f"no table {table}", f"Create `{table}` exactly as the contract says.")
+        got = [(c[0], c[1].upper(), 1 if c[2] else 0, 1 if c[4] else 0) for c in stores.columns(path, table)]
+        if got != cols:
+            return Miss(f"{table} has columns (name, type, not null, primary key) {got}",
+                        f"Use the contract's columns for `{table}`: {cols}.")
+    with closing(stores.connect(path)) as con:
+        con.execute("BEGIN")
+        try:
+            con.execute("INSERT INTO checkpoint VALUES (2, 0, 0)")
+            return Miss("checkpoint accepted a row with id 2",
+                        "`id INTEGER PRIMARY KEY CHECK(id=1)`: there is exactly one checkpoint row.")
+        except sqlite3.IntegrityError:
+            return None
+        finally:
+            con.execute("ROLLBACK")
+
+
+def check_store(ctx: StepContext) -> list[Case]:
+    rng = ctx.rng
+    new, saved, garbage = ctx.path("new.db"), ctx.path("saved.db"), ctx.path("not-a-db.db")
+    history = list(enumerate(deltas(rng, rng.randint(3, 6))))
+    make_store(saved, history)
+    before = stores.fingerprint(saved)
+    fresh = make_store(ctx.path("fresh.db"))
+    garbage.write_bytes(b"this is not a database, just text\n" * 64)
+
+    def opened(record: dict) -> Miss | None:
+        outcome, seen = record["outcome"], record["observed"]
+        if outcome["kind"] != "returned" or outcome["value"].get("type") != "Connection":
+            return Miss(said(outcome), "open_store returns the sqlite3.Connection it opened.")
+        if seen.get("isolation_level") != encode(None):
+            return Miss(f"isolation_level is {show(decode(seen.get('isolation_level', encode(''))))}",
+                        "Connect with `isolation_level=None`: the default opens hidden transactions.")
+        if seen.get("busy_timeout") != 1000:
+            return Miss(f"the busy timeout is {seen.get('busy_timeout')} ms",
+                        "Pass `timeout=1.0` to sqlite3.connect (a 1 s busy timeout).")
+        if seen.get("in_transaction"):
+            return Miss("open_store returned with a transaction still open", TRANSACTION_HINT)
+        return None
+
+    def initial_row(record: dict) -> Miss | None:
+        miss = _schema_miss(new)
+        if miss is not None:
+            return miss
+        rows = stores.rows(new, "SELECT id, last, total FROM checkpoint")
+        if rows != [(1, -1, 0)]:
+            return Miss(f"checkpoint holds {rows}", "Insert the row (1, -1, 0) when it is missing, and only then.")
+        return None
+
+    def kept(record: dict) -> Miss | None:
+        if record["outcome"]["kind"] != "returned":
+            return Miss(said(record["outcome"]), "Opening an existing store must work.")
+        if stores.fingerprint(saved) != before:
+            now = snapshot(saved)
+            return Miss(f"the saved store changed: before last {history[-1][0]}, total "
+                        f"{sum(d for _, d in history)}; after {shown(now)}", KEEP_HINT)
+        return None
+
+    def closed_on_error(record: dict) -> Miss | None:
+        miss = raises("DatabaseError", "Let sqlite3's own error propagate.")(record)
+        if miss is not None:
+            return miss
+        if record["observed"].get("left_open"):
+            return Miss("raised, but left the connection open",
+                        "If initialisation fails, close the connection, then re-raise the original error.")
+        return None
+
+    expected_saved = (history[-1][0], sum(d for _, d in history))
+    tuple_hint = "Return a tuple `(last, total)` read from the checkpoint row."
+    plans = [
+        Plan("open_store on a new file", "open_store(new file)",
+             "a connection (isolation_level None, 1 s busy timeout); tables checkpoint and ledger; row (1, -1, 0)",
+             both(opened, initial_row)),
+        Plan("open_store on the same file again", "open_store(that file) again",
+             "a connection; still exactly one checkpoint row (1, -1, 0)", both(opened, initial_row)),
+        Plan("open_store on a store saved by another process", "open_store(saved store) in a new process",
+             f"a connection; the cursor still {expected_saved[0]}, every row unchanged", both(opened, kept)),
+        Plan("open_store on a file that is not a database", "open_store(text file)",
+             "sqlite3.DatabaseError; the connection closed", closed_on_error),
+        Plan("state of a new store", "state(con) on a store holding (1, -1, 0)", "(-1, 0)",
+             both(returns((-1, 0), tuple_hint), no_open_transaction)),
+        Plan("state of a saved store", f"state(con) on a store saved at last {expected_saved[0]}",
+             show(expected_saved), both(returns(expected_saved, tuple_hint), no_open_transaction)),
+    ]
+    args = {"opens": [{"name": plans[0].name, "path": str(new)}, {"name": plans[1].name, "path": str(new)},
+                      {"name": plans[2].name, "path": str(saved)}, {"name": plans[3].name, "path": str(garbage)}],
+            "states": [{"name": plans[4].name, "path": str(fresh)}, {"name": plans[5].name, "path": str(saved)}]}
+    return ctx.cases("stores", plans, args)
+
+
+# --- step 3 -------------------------------------------------------------------------------
+
+
+def fault_seen(seq: int, before: dict, delta: int):
+    """fault() ran once, inside the one transaction, between the total and the cursor."""
+
+    def check(record: dict) -> Miss | None:
+        calls = record["observed"].get("faults", [])
+        if len(calls) != 1:
+            return Miss(f"fault() was called {len(calls)} times",
+                        "Pass `fault` along and call it exactly once, after updating the total. " + ORDER_HINT)
+        call = calls[0]
+        if not call["in_transaction"]:
+            return Miss("fault() ran outside a transaction", TRANSACTION_HINT)
+        inside = call.get("inside")
+        if inside is not None:
+            if inside["last"] != before["last"]:
+                return Miss(f"when fault() ran, the cursor was already {inside['last']}", CURSOR_HINT)
+            if seq not in inside["seqs"]:
+                return Miss("when fault() ran, the ledger row was not inserted yet", ORDER_HINT)
+            if inside["total"] != before["total"] + delta:
+                return Miss(f"when fault() ran, the total was {inside['total']}, not yet "
+                            f"{before['total'] + delta}", ORDER_HINT)
+        outside = call.get("outside")
+        if outside is not None and (outside["last"], outside["total"]) != (before["last"], before["total"]):
+            return Miss(f"while fault() ran, another connection already saw last {outside['last']}, "
+                        f"total {outside['total']}: part of the event was committed early", CURSOR_HINT)
+        return None
+
+    return check
+
+
+def fault_error(record: dict) -> Miss | None:
+    outcome = record["outcome"]
+    if outcome["kind"] != "raised" or outcome["type"] != "RuntimeError" or not record["observed"].get("same_error"):
+        return Miss(said(outcome), "Let fault()'s own exception propagate after the ROLLBACK (a bare `raise`).")
+    return None
+
+
+def jam_error(record: dict) -> Miss | None:
+    outcome = record["outcome"]
+    if outcome["kind"] != "raised" or "the cursor is jammed" not in outcome.get("message", ""):
+        return Miss(said(outcome), "Re-raise sqlite3's original error (a bare `raise`), don't wrap it.")
+    return None
+
+
+def check_apply(ctx: StepContext) -> list[Case]:
+    rng = ctx.rng
+    fresh = make_store(ctx.path("fresh.db"))
+    history = list(enumerate(deltas(rng, rng.randint(3, 6))))
+    saved = make_store(ctx.path("saved.db"), history)
+    faulty = make_store(ctx.path("fault.db"), history)
+    jammed = make_store(ctx.path("jammed.db"), history)
+    stores.execute(jammed, """CREATE TRIGGER cursor_jammed BEFORE UPDATE OF last ON checkpoint
+        BEGIN SELECT RAISE(ABORT, 'the cursor is jammed'); END;""")
+    k = history[-1][0]
+    d0, d1, d_next = deltas(rng, 3)
+    other = d0 + 1 if d0 < 1000 else d0 - 1
+    old_seq, old_delta = history[rng.randrange(len(history) - 1)]
+    old_other = old_delta + 1 if old_delta < 1000 else old_delta - 1
+
+    plans: list[Plan] = []
+    specs: list[dict] = []
+
+    def case(label, db, args, expected, check, hint="", fault=None):
+        shown_call = ", ".join(show(a) for a in args)
+        extra = ", fault=f" if fault else ""
+        plans.append(Plan(label, f"apply_event(con, {shown_call}{extra})", expected, check, hint))
+        specs.append({"name": label, "db": str(db), "fn": "apply_event", "args": [encode(a) for a in args],
+                      "fault": fault})
+
+    one = store_state([(0, d0)])
+    two = store_state([(0, d0), (1, d1)])
+    keep = "Change nothing when the call is refused."
+    case("the first event", fresh, [0, d0], "True; ledger row, total and cursor saved",
+         both(returns(True, "A new event (seq == last + 1) is applied: return True."), no_open_transaction,
+              state_after(one, "Insert the ledger row, add delta to the total, set last = seq, then COMMIT.")))
+    case("the same event again", fresh, [0, d0], "False (a duplicate); nothing changes",
+         both(returns(False, "seq <= last with the same delta in the ledger is a duplicate: return False."),
+              no_open_transaction, state_after(one, "A duplicate changes nothing.")))
+    case("seq 0 again with another delta", fresh, [0, other], "Conflict; nothing changes",
+         both(is_module_exception("Conflict", "seq <= last with a different delta in the ledger is a Conflict: "
+                                              "raise it, never return False."),
+              no_open_transaction, state_after(one, keep)))
+    case("seq True (a bool)", fresh, [True, d1], "ValueError; nothing changes",
+         both(raises("ValueError", BOOL_HINT), no_open_transaction, state_after(one, BOOL_HINT)))
+    case("a gap: seq 2 after 0", fresh, [2, d1], "Gap; nothing changes",
+         both(is_module_exception("Gap", "seq > last + 1 means events are missing: raise Gap, apply nothing."),
+              no_open_transaction, state_after(one, "A Gap changes nothing: the missing event must come first.")))
+    case("the next event", fresh, [1, d1], "True; total and cursor moved together",
+         both(returns(True), no_open_transaction, state_after(two, "Apply seq == last + 1.")))
+
+    base = store_state(history)
+    case("an old seq with its recorded delta", saved, [old_seq, old_delta], "False; nothing changes",
+         both(returns(False, "Look the seq up in the ledger: same delta → duplicate → False."),
+              no_open_transaction, state_after(base, "A duplicate changes nothing.")))
+    case("an old seq with another delta", saved, [old_seq, old_other], "Conflict; nothing changes",
+         both(is_module_exception("Conflict", "Compare with the ledger's delta for that seq: different → Conflict."),
+              no_open_transaction, state_after(base, keep)))
+    bad = [
+        ("delta True (a bool)", [k + 1, True], BOOL_HINT),
+        ("seq -1", [-1, d_next], RANGE_HINT),
+        ("seq 2147483648", [SEQ_MAX + 1, d_next], "Validate before looking at the store: out of range is "
+                                                  "ValueError, not Gap."),
+        ("seq a float", [float(k + 1), d_next], f"seq must be an int: {float(k + 1)!r} == {k + 1}, but it is a float."),
+        ("seq a str", [str(k + 1), d_next], "seq must be an int: don't convert."),
+        ("seq None", [None, d_next], "seq must be an int."),
+        ("delta 1001", [k + 1, 1001], RANGE_HINT),
+        ("delta -1001", [k + 1, -1001], RANGE_HINT),
+        ("delta a float", [k + 1, 2.0], "delta must be an int."),
+        ("a seen seq with delta 5000", [old_seq, 5000], "Validate first: an out-of-range delta is ValueError, "
+                                                        "not Conflict."),
+    ]
+    for label, args, hint in bad:
+        case(label, saved, args, "ValueError; nothing changes",
+             both(raises("ValueError", hint), no_open_transaction, state_after(base, keep)), hint)
+    applied = store_state(history + [(k + 1, d_next)])
+    case("the next event after a saved cursor, with a fault() that passes", saved, [k + 1, d_next],
+         f"True; fault() called once, between the total and the cursor; last {k + 1}",
+         both(returns(True, "Read last from the store; seq == last + 1 is new."), no_open_transaction,
+              fault_seen(k + 1, base, d_next), state_after(applied, "Commit all four changes together.")),
+         fault="record")
+    case("fault() raises inside the transaction", faulty, [k + 1, d_next],
+         "fault()'s own RuntimeError; ledger, total and cursor unchanged; no open transaction",
+         both(fault_seen(k + 1, base, d_next), fault_error, no_open_transaction,
+              state_after(base, "After a failure, ROLLBACK everything: " + CURSOR_HINT),
+              judge_reads(faulty, base, "After a failure, ROLLBACK everything.")),
+         fault="raise")
+    case("updating the cursor fails", jammed, [k + 1, d_next],
+         "sqlite3.IntegrityError 'the cursor is jammed'; nothing changes; no open transaction",
+         both(jam_error, no_open_transaction, state_after(base, TRANSACTION_HINT),
+              judge_reads(jammed, base, TRANSACTION_HINT)))
+    run = ctx.child("on_store", {"cases": [p.name for p in plans], "calls": specs})
+    return judge(run, plans, ctx.timeout)
+
+
+# --- step 4 -------------------------------------------------------------------------------
+
+RESYNC_HINT = ("A log starting at 10 joins a cursor at 9, but a cursor at 8 is missing 9: "
+               "raise ResyncRequired when last < first_seq - 1.")
+
+
+def check_replay(ctx: StepContext) -> list[Case]:
+    rng = ctx.rng
+    first = rng.randint(10, 100_000)
+    log = [(first + i, d) for i, d in enumerate(deltas(rng, rng.randint(5, 8)))]
+    final = log[-1][0]
+    long_log = [(i, d) for i, d in enumerate(deltas(rng, 128))]
+    plans, calls = [], []
+
+    def case(label, events, last, limit, expected, check, hint=""):
+        plans.append(Plan(label, f"replay({show(events, 90)}, {show(last)}, {show(limit)})", expected, check, hint))
+        calls.append({"name": label, "fn": "replay", "args": [encode(events), encode(last), encode(limit)]})
+
+    def fresh_list(expected):
+        def check(record):
+            miss = returns(expected, "Entries with seq > last, in order, at most `limit` of them.")(record)
+            if miss is not None:
+                return miss
+            if record["observed"].get("returned_input"):
+                return Miss("returned the very list it was given",
+                            "Return a *new* list, also when it holds every event.")
+            return unchanged_input(record)
+
+        return check
+
+    case("a cursor just before the log", log, first - 1, 16, show(log), fresh_list(log))
+    case("a cursor inside the log", log, first + 1, 16, show(log[2:]), fresh_list(log[2:]))
+    case("limit caps the answer", log, first - 1, 2, show(log[:2]), fresh_list(log[:2]))
+    case("limit 1", log, first, 1, show(log[1:2]), fresh_list(log[1:2]))
+    case("a cursor at the final event", log, final, 16, "[]", fresh_list([]))
+    case("128 events, limit 16", long_log, -1, 16, "the first 16", fresh_list(long_log[:16]))
+    case("a single-event log", log[:1], first - 1, 1, show(log[:1]), fresh_list(log[:1]))
+    for label, last in (("a cursor two before the log", first - 2), ("cursor -1, the log starts later", -1)):
+        case(label, log, last, 16, "ResyncRequired",
+             both(is_module_exception("ResyncRequired", RESYNC_HINT), unchanged_input), RESYNC_HINT)
+    gap = log[:2] + log[3:]
+    bad_tail = log[:-1] + [(final, 5000)]
+    bad = [
+        ("an empty log", [], first, 16, "The log holds 1 to 128 events: an empty one is ValueError."),
+        ("129 events", long_log + [(128, 1)], -1, 16, "At most 128 events."),
+        ("a tuple instead of a list", tuple(log), first - 1, 16, "events must be a list."),
+        ("an event that is a list", [list(e) for e in log], first - 1, 16, "Each event is a (seq, delta) tuple."),
+        ("an event with three fields", [log[0] + (1,)] + log[1:], first - 1, 16, "Each event has exactly two fields."),
+        ("a gap in the seqs", gap, first - 1, 16, "seqs are consecutive: each is the previous + 1."),
+        ("seqs in reverse", log[::-1], first - 1, 16, "seqs ascend."),
+        ("a repeated seq", log[:2] + [log[1]] + log[2:], first - 1, 16, "seqs are consecutive: no repeats."),
+        ("seq True in an event", [(True, 5), (2, 3)], -1, 16, BOOL_HINT),
+        ("delta True in an event", [(log[0][0], True)] + log[1:], first - 1, 16, BOOL_HINT),
+        ("delta 1001 in an event", [(log[0][0], 1001)] + log[1:], first - 1, 16, RANGE_HINT),
+        ("a negative seq", [(-1, 5), (0, 5)], -1, 16, RANGE_HINT),
+        ("a bad event past the limit", bad_tail, first - 1, 1,
+         "Validate all of the input first, also what the limit would cut off."),
+        ("a bad event and an old cursor", bad_tail, -1, 16,
+         "Validate all of the input before deciding about ResyncRequired."),
+        ("last True", log, True, 16, BOOL_HINT),
+        ("last -2", log, -2, 16, "last ranges from -1 to 2147483647."),
+        ("last past the final seq", log, final + 1, 16, "last greater than the final seq is ValueError."),
+        ("last a float", log, float(first), 16, "last must be an int."),
+        ("limit 0", log, first - 1, 0, "limit ranges from 1 to 16."),
+        ("limit 17", log, first - 1, 17, "limit ranges from 1 to 16."),
+        ("limit True", log, first - 1, True, BOOL_HINT),
+        ("limit None", log, first - 1, None, "limit must be an int."),
+        ("events None", None, -1, 16, "events must be a list."),
+    ]
+    for label, events, last, limit, hint in bad:
+        case(label, events, last, limit, "ValueError", both(raises("ValueError", hint), unchanged_input), hint)
+    return ctx.cases("calls", plans, {"calls": calls}, probes="labkit.probe")
+
+
+# --- step 5 -------------------------------------------------------------------------------
+
+
+def visible_ack(seq: int, expected: dict):
+    """Returned b"ACK seq\\n", and another connection saw the commit right after."""
+
+    def check(record: dict) -> Miss | None:
+        ack = b"ACK %d\n" % seq
+        miss = returns(ack, f"Return the bytes `{ack!r}` (ASCII, one LF).")(record)
+        if miss is not None:
+            return miss
+        have = record["observed"].get("after")
+        if have is None or have["last"] < seq:
+            return Miss(f"returned {ack!r}, but right then another connection saw {shown(have)}",
+                        ACK_AFTER_COMMIT)
+        return state_after(expected, "Apply each event exactly once.")(record)
+
+    return check
+
+
+def check_consume_line(ctx: StepContext) -> list[Case]:
+    rng = ctx.rng
+    db = make_store(ctx.path("store.db"))
+    faulty_history = list(enumerate(deltas(rng, 3)))
+    faulty = make_store(ctx.path("fault.db"), faulty_history)
+    d0, d1, d2 = deltas(rng, 3)
+    other = d0 + 1 if d0 < 1000 else d0 - 1
+    plans, specs = [], []
+
+    def case(label, line, expected, check, hint="", fault=None, store=db):
+        extra = ", fault=f" if fault else ""
+        plans.append(Plan(label, f"consume_line(con, {show(line)}{extra})", expected, check, hint))
+        specs.append({"name": label, "db": str(store), "fn": "consume_line", "args": [encode(line)],
+                      "fault": fault})
+
+    one = store_state([(0, d0)])
+    two = store_state([(0, d0), (1, d1)])
+    no_ack = "A refused line gets no ACK: let the exception propagate."
+    case("a new frame", b"EVENT 0 %d\n" % d0, "b'ACK 0\\n'; the commit visible to another connection",
+         both(visible_ack(0, one), no_open_transaction))
+    case("the same frame again", b"EVENT 0 %d\n" % d0, "b'ACK 0\\n' again (a duplicate is ACKed too); nothing changes",
+         both(visible_ack(0, one),
+              no_open_transaction), "An identical duplicate is ACKed: apply_event returned False, that is fine.")
+    case("seq 0 again with another delta", b"EVENT 0 %d\n" % other, "Conflict, no ACK",
+         both(is_module_exception("Conflict", "A Conflict is not delivered: no ACK, let it propagate."),
+              state_after(one, no_ack)))
+    case("a gap", b"EVENT 2 %d\n" % d2, "Gap, no ACK",
+         both(is_module_exception("Gap", "A Gap is not delivered: no ACK, let it propagate."),
+              state_after(one, no_ack)))
+    case("a CRLF frame", b"EVENT 1 %d\r\n" % d1, "ValueError, no ACK",
+         both(raises("ValueError", "Call parse_line first; its ValueError propagates."), state_after(one, no_ack)))
+    case("a str line", f"EVENT 1 {d1}\n", "ValueError, no ACK",
+         both(raises("ValueError", "Call parse_line first: only bytes are frames."), state_after(one, no_ack)))
+    case("the next frame, with a fault() that passes", b"EVENT 1 %d\n" % d1,
+         "fault() called once inside the transaction; b'ACK 1\\n'; the commit visible",
+         both(visible_ack(1, two), no_open_transaction, fault_seen(1, one, d1)), fault="record")
+    k = faulty_history[-1][0]
+    base = store_state(faulty_history)
+    case("the business step fails", b"EVENT %d %d\n" % (k + 1, d2),
+         "fault()'s own RuntimeError; no ACK; nothing changes",
+         both(fault_seen(k + 1, base, d2), fault_error, no_open_transaction,
+              state_after(base, no_ack), judge_reads(faulty, base, TRANSACTION_HINT)),
+         "Pass `fault` on to apply_event: consume_line(con, line, fault) → apply_event(con, seq, delta, fault).",
+         fault="raise", store=faulty)
+    run = ctx.child("on_store", {"cases": [p.name for p in plans], "calls": specs})
+    return judge(run, plans, ctx.timeout)
+
+
+# --- step 6 -------------------------------------------------------------------------------
+
+INVALID_TIMEOUTS = [0, -1, True, float("nan"), float("inf"), "1", None]
+
+
+def _log(record: dict) -> list[dict]:
+    return record["observed"].get("log", [])
+
+
+def _writes(record: dict) -> list[bytes]:
+    return [decode(e["data"]) for e in _log(record) if e["kind"] == "write"]
+
+
+def closed(record: dict) -> Miss | None:
+    """close(), then wait_closed() — on every path."""
+    kinds = [e["kind"] for e in _log(record)]
+    if "close" not in kinds:
+        if record["observed"].get("closed"):
+            return Miss("the socket was aborted, but writer.close() was never called", CLOSE_HINT)
+        return Miss("the writer was never closed", CLOSE_HINT)
+    if "wait_closed" not in kinds[kinds.index("close"):]:
+        return Miss("writer.close() was called, but wait_closed() was never awaited after it",
+                    "After close(), await `asyncio.wait_for(writer.wait_closed(), timeout)`.")
+    return None
+
+
+def acks_after_commits(record: dict) -> Miss | None:
+    """Each ACK written after its commit and after before_ack; each write drained."""
+    log = _log(record)
+    hooked: set[int] = set()
+    for i, entry in enumerate(log):
+        if entry["kind"] == "before_ack":
+            seq = decode(entry["seq"])
+            if entry.get("last_committed") is not None and entry["last_committed"] < seq:
+                return Miss(f"before_ack({seq}) ran while another connection still saw last "
+                            f"{entry['last_committed']}", "Call before_ack(seq) after consume_line returned.")
+            hooked.add(seq)
+        if entry["kind"] == "write":
+            data = decode(entry["data"])
+            if not (isinstance(data, bytes) and data.startswith(b"ACK ")):
+                continue
+            seq = int(data[4:].strip() or -1) if data[4:].strip().isdigit() else None
+            if seq is not None and entry.get("last_committed") is not None and entry["last_committed"] < seq:
+                return Miss(f"{data!r} was written while another connection still saw last "
+                            f"{entry['last_committed']}: the ACK went out before the commit", ACK_AFTER_COMMIT)
+            if seq is not None and seq not in hooked:
+                return Miss(f"{data!r} was written before before_ack({seq}) was called",
+                            "Call before_ack(seq) after the commit and before writing the ACK.")
+            following = [e["kind"] for e in log[i + 1:] if e["kind"] in ("drain", "write", "close")]
+            if not following or following[0] != "drain":
+                return Miss(f"{data!r} was written but not drained before going on",
+                            "After each write, `await asyncio.wait_for(writer.drain(), timeout)`.")
+    return None
+
+
+def wrote_acks(seqs: list[int], hint: str = ""):
+    def check(record: dict) -> Miss | None:
+        expected = [b"ACK %d\n" % s for s in seqs]
+        got = _writes(record)
+        if got != expected:
+            return Miss(f"wrote {show(got, 160)}; expected {show(expected, 160)}",
+                        hint or "Write exactly one `ACK <seq>\\n` per committed line, nothing else.")
+        return None
+
+    return check
+
+
+def hooked(seqs: list[int]):
+    def check(record: dict) -> Miss | None:
+        got = [decode(e["seq"]) for e in _log(record) if e["kind"] == "before_ack"]
+        if got != seqs:
+            return Miss(f"before_ack was called with {got}; expected {seqs}",
+                        "After each committed line, call before_ack(seq) if it is given.")
+        return None
+
+    return check
+
+
+def aborted(record: dict) -> Miss | None:
+    kinds = [e["kind"] for e in _log(record)]
+    if "abort" not in kinds:
+        return Miss("wait_closed() never finished, and writer.transport.abort() was not called", ABORT_HINT)
+    return None
+
+
+def took(seconds: float, hint: str, slack: float = 0.05):
+    """Virtual-clock cases: the call lasted `seconds` (exact, whatever the machine's load)."""
+
+    def check(record: dict) -> Miss | None:
+        spent = record["observed"].get("seconds")
+        if spent is None or abs(spent - seconds) > slack:
+            return Miss(f"the call took {spent} s of (virtual) time; expected {seconds:g} s", hint)
+        return None
+
+    return check
+
+
+def db_kept_open(record: dict) -> Miss | None:
+    if not record["observed"].get("con_open", True):
+        return Miss("the DB connection was closed by consume_session",
+                    "Do not close the DB connection: it belongs to the caller (run_client).")
+    return None
+
+
+def check_session(ctx: StepContext) -> list[Case]:
+    rng = ctx.rng
+    events = list(enumerate(deltas(rng, 5)))
+    total = sum(d for _, d in events)
+    every = [s for s, _ in events]
+    plans: list[Plan] = []
+    scenarios: list[dict] = []
+    journal: dict[int, list[dict]] = {}
+    faults: list[str] = []
+
+    def scenario(label, called, expected, make_check, **spec):
+        """One case; `make_check(db, conn)` builds its check (conn: its feed connection, if any)."""
+        db = make_store(ctx.path(f"s{len(scenarios)}.db"))
+        conn = None
+        if spec["io"] == "feed":
+            faults.append(spec.pop("fault"))
+            conn = len(faults)
+        scenarios.append({"name": label, "db": str(db), "timeout": encode(spec.pop("timeout")), **spec})
+        plans.append(Plan(label, called, expected, both(make_check(db, conn), db_kept_open)))
+
+    def feed_acked(conn: int, seqs: list[int]):
+        def check(record: dict) -> Miss | None:
+            got = acks_on(journal.get(conn, []))
+            if got != seqs:
+                return Miss(f"the feed received ACKs for {got}; expected {seqs}",
+                            "Send exactly one `ACK <seq>\\n` per committed line, and drain it.")
+            return None
+
+        return check
+
+    call = "consume_session(reader, writer, con, {t}, before_ack=hook)"
+    first = (0, events[0][1])
+
+    # Real TCP against the judge's feed: one connection per case, in this order.
+    scenario("reads, commits and ACKs every line, then returns the state at EOF", call.format(t=3.0),
+             f"{(events[-1][0], total)}; before_ack then ACK for 0–4, each after its commit; writer closed",
+             lambda db, conn: both(
+                 returns((events[-1][0], total), "At EOF (readline returns b\"\"), return state(con)."),
+                 hooked(every), acks_after_commits, wrote_acks(every), closed, feed_acked(conn, every),
+                 judge_reads(db, store_state(events), "Commit every line.")),
+             io="feed", fault="none", timeout=3.0, guard=5.0)
+    scenario("a stalled feed ends in TimeoutError", call.format(t=0.1) + "; the feed sends nothing",
+             "TimeoutError after about 0.1 s; writer closed",
+             lambda db, conn: both(raises("TimeoutError", READ_HINT),
+                                   within(0.09, 2.0, "about 0.1 s", READ_HINT), closed),
+             io="feed", fault="stall", timeout=0.1, guard=2.5)
+    scenario("the feed drops the connection after one line", call.format(t=3.0),
+             f"{first} at EOF; writer closed",
+             lambda db, conn: both(returns(first, "EOF ends the session: return state(con)."), closed,
+                                   feed_acked(conn, [0])),
+             io="feed", fault="drop_mid_stream", timeout=3.0, guard=5.0)
+    scenario("a torn last line is not a command",
+             call.format(t=3.0) + "; the feed sends b'EVENT 0 …' without LF and closes",
+             "ValueError; nothing applied, no ACK; writer closed",
+             lambda db, conn: both(
+                 raises("ValueError", "A torn last line (no LF) is not a command: parse_line refuses it, "
+                                      "and the error propagates."),
+                 wrote_acks([], "Never ACK a torn line."), closed,
+                 judge_reads(db, store_state([]), "Never apply a torn line.")),
+             io="feed", fault="torn_last_line", timeout=3.0, guard=5.0)
+    scenario("a conflicting duplicate", call.format(t=3.0) + "; the feed resends seq 0 with another delta",
+             "Conflict; only ACK 0 written; writer closed",
+             lambda db, conn: both(
+                 is_module_exception("Conflict", "consume_line's Conflict propagates out of consume_session."),
+                 wrote_acks([0]), closed, feed_acked(conn, [0]),
+                 judge_reads(db, store_state(events[:1]), "Apply seq 0 once.")),
+             io="feed", fault="conflicting_duplicate", timeout=3.0, guard=5.0)
+    scenario("a skipped seq", call.format(t=3.0) + "; the feed starts at seq 1", "Gap; no ACK; writer closed",
+             lambda db, conn: both(
+                 is_module_exception("Gap", "consume_line's Gap propagates out of consume_session."),
+                 wrote_acks([]), closed, judge_reads(db, store_state([]), "Apply nothing after a Gap.")),
+             io="feed", fault="skip_seq", timeout=3.0, guard=5.0)
+    scenario("before_ack raises at seq 1", call.format(t=3.0) + " where hook(1) raises RuntimeError",
+             "that RuntimeError; seq 1 committed but not ACKed; writer closed",
+             lambda db, conn: both(
+                 same_error("Let before_ack's own exception propagate."),
+                 wrote_acks([0], "No ACK for a line whose before_ack failed."), closed, feed_acked(conn, [0]),
+                 judge_reads(db, store_state(events[:2]), "Commit before calling before_ack.")),
+             io="feed", fault="none", timeout=3.0, guard=5.0, hook_fails_at=1)
+    scenario("cancelled while waiting for a line", call.format(t=5.0) + "; cancelled after 0.02 s",
+             "CancelledError propagates; writer closed", lambda db, conn: both(cancelled, closed),
+             io="feed", fault="stall", timeout=5.0, guard=2.0, cancel_after=0.02)
+
+    # In-process I/O on a virtual clock: a fed StreamReader and a fake writer.
+    line0 = (b"EVENT 0 %d\n" % events[0][1]).decode("latin-1")
+    scenario("drain never finishes", call.format(t=0.5) + "; writer.drain() hangs",
+             "TimeoutError after 0.5 s; writer closed",
+             lambda db, conn: both(
+                 raises("TimeoutError", "Bound every drain: `await asyncio.wait_for(writer.drain(), timeout)`."),
+                 took(0.5, "Bound the drain by `timeout`."), closed),
+             io="fake", input=line0, drain="hang", timeout=0.5, guard=30.0)
+    scenario("wait_closed hangs after a normal end",
+             call.format(t=0.5) + "; EOF after one line; wait_closed() hangs", f"{first}; abort() after 0.5 s",
+             lambda db, conn: both(
+                 returns(first, "A close wait that times out is handled by abort(): the session's result "
+                                "stands."),
+                 closed, aborted, took(0.5, "Bound wait_closed by `timeout`.")),
+             io="fake", input=line0, wait_closed="hang", timeout=0.5, guard=30.0)
+    scenario("wait_closed fails after an error",
+             call.format(t=0.5) + "; a bad line; wait_closed() raises ConnectionResetError",
+             "the original ValueError (not masked); abort() called",
+             lambda db, conn: both(raises("ValueError", ABORT_HINT), closed, aborted),
+             io="fake", input="EVENT 0 x\n", wait_closed="reset", timeout=0.5, guard=30.0)
+    scenario("wait_closed hangs after an error", call.format(t=0.5) + "; seq 5 first (a gap); wait_closed() hangs",
+             "the original Gap (not masked); abort() after 0.5 s",
+             lambda db, conn: both(is_module_exception("Gap", ABORT_HINT), closed, aborted,
+                                   took(0.5, "Bound wait_closed by `timeout`.")),
+             io="fake", input="EVENT 5 1\n", wait_closed="hang", timeout=0.5, guard=30.0)
+    scenario("cancelled while reading (virtual clock)", call.format(t=5.0) + "; no data; cancelled after 0.05 s",
+             "CancelledError propagates; close() and wait_closed()", lambda db, conn: both(cancelled, closed),
+             io="fake", input="", eof=False, timeout=5.0, guard=30.0, cancel_after=0.05)
+    for bad in INVALID_TIMEOUTS:
+        scenario(f"timeout {bad!r} is refused", call.format(t=repr(bad)) + "; wait_closed() hangs",
+                 "ValueError; nothing read or written; writer closed with a 1 s close wait, then abort()",
+                 lambda db, conn: both(
+                     raises("ValueError", TIMEOUT_HINT), wrote_acks([], TIMEOUT_HINT), closed, aborted,
+                     took(1.0, "With an invalid timeout, still close the writer, and bound wait_closed by 1 s."),
+                     judge_reads(db, store_state([]), TIMEOUT_HINT)),
+                 io="fake", input=line0, wait_closed="hang", timeout=bad, guard=30.0)
+
+    feed = start_feed(events, faults, stall_seconds=3.0, io_timeout=3.0)
+    try:
+        for s in scenarios:
+            if s["io"] == "feed":
+                s.update(host=feed.host, port=feed.port)
+        run = ctx.child("sessions", {"cases": [p.name for p in plans], "scenarios": scenarios})
+        feed.wait_idle(2.0)
+    finally:
+        close_feeds([feed])
+    for entry in feed.journal():
+        journal.setdefault(entry["conn"], []).append(entry)
+    return judge(run, plans, ctx.timeout)
+
+
+def same_error(hint: str):
+    def check(record: dict) -> Miss | None:
+        if not record["observed"].get("same_error"):
+            return Miss(said(record["outcome"]), hint)
+        return None
+
+    return check
+
+
+def within(low: float, high: float, expected: str, hint: str):
+    """Real-clock cases: wide bounds, so a busy machine cannot change the verdict."""
+
+    def check(record: dict) -> Miss | None:
+        spent = record["observed"].get("seconds")
+        if spent is None or not low <= spent <= high:
+            return Miss(f"{said(record['outcome'])} after {spent} s; expected {expected}", hint)
+        return None
+
+    return check
+
+
+def cancelled(record: dict) -> Miss | None:
+    if record["outcome"]["kind"] != "cancelled":
+        return Miss(said(record["outcome"]),
+                    "Let CancelledError propagate: no `except BaseException` or `except CancelledError` that "
+                    "swallows it; clean up in `finally`.")
+    return None
+
+
+# --- step 7 -------------------------------------------------------------------------------
+
+
+def check_run_client(ctx: StepContext) -> list[Case]:
+    rng = ctx.rng
+    events = list(enumerate(deltas(rng, rng.randint(4, 6))))
+    total = sum(d for _, d in events)
+    every = [s for s, _ in events]
+    result = (events[-1][0], total)
+    saved_at = rng.randint(1, len(events) - 2)
+    plans: list[Plan] = []
+    scenarios: list[dict] = []
+    feeds: list[Feed] = []
+    dead_port = _closed_port()
+
+    def scenario(label, called, expected, make_check, faults=None, path=None, **spec):
+        """One case; `make_check(path, feed)` builds its check (feed: the case's own feed, if any)."""
+        path = path or ctx.path(f"c{len(scenarios)}.db")
+        feed = None
+        if faults is not None:
+            feed = start_feed(events, faults, stall_seconds=3.0, io_timeout=3.0)
+            feeds.append(feed)
+        host, port = (feed.host, feed.port) if feed else ("127.0.0.1", dead_port)
+        scenarios.append({"name": label, "path": str(path), "timeout": encode(spec.pop("timeout")),
+                          "host": host, "port": port, **spec})
+        plans.append(Plan(label, called, expected, make_check(Path(path), feed)))
+
+    call = "run_client(host, port, path, {t}, before_ack=hook)"
+    try:
+        silent = start_feed(events)  # the invalid-timeout cases must never connect to it
+        feeds.append(silent)
+        scenario("a new store: RESUME -1, then every event", call.format(t=3.0) + " on a new file",
+                 f"{result}; the feed saw RESUME -1 and an ACK for each event; DB and socket closed",
+                 lambda path, feed: both(
+                     returns(result, "Return what consume_session returns: state(con) at EOF."),
+                     db_closed, dialled_with_limit, resumed(-1), feed_resumed(feed, -1), socket_closed,
+                     judge_reads(path, store_state(events), "Apply every event once."),
+                     feed_acked(feed, every)),
+                 faults=["none"], timeout=3.0, guard=5.0)
+        saved = make_store(ctx.path("saved.db"), events[: saved_at + 1])
+        scenario("a store saved by another process: RESUME from its cursor",
+                 call.format(t=3.0) + f" on a store saved at last {saved_at}",
+                 f"the feed saw RESUME {saved_at}; {result}; DB closed",
+                 lambda path, feed: both(
+                     feed_resumed(feed, saved_at), resumed(saved_at),
+                     returns(result, "Return state(con) at EOF."), db_closed,
+                     judge_reads(path, store_state(events), "Events at or below the saved cursor are "
+                                                            "duplicates: apply only the new ones."),
+                     feed_acked(feed, every[saved_at + 1:])),
+                 faults=["none"], path=saved, timeout=3.0, guard=5.0)
+        for bad in INVALID_TIMEOUTS:
+            scenario(f"timeout {bad!r} is refused before anything else", call.format(t=repr(bad)),
+                     "ValueError; no store opened, no connection made",
+                     lambda path, feed: both(raises("ValueError", TIMEOUT_HINT), validated_first(silent)),
+                     timeout=bad, guard=3.0, host=silent.host, port=silent.port)
+        scenario("the feed sends a 100-byte line", call.format(t=3.0) + "; the feed's first line has 100 bytes",
+                 "ValueError from readline (limit=64), the line never parsed; DB and socket closed",
+                 lambda path, feed: both(
+                     raises_any(("ValueError", "LimitOverrunError"),
+                                "With `limit=64`, readline raises ValueError on a longer line; let it propagate."),
+                     dialled_with_limit, never_parsed_long, db_closed, socket_closed,
+                     judge_reads(path, store_state([]), "Apply nothing from an oversized line.")),
+                 faults=["overlong_line"], timeout=3.0, guard=5.0)
+        scenario("nothing listens on the port", call.format(t=3.0) + " to a closed port",
+                 "ConnectionRefusedError; DB closed",
+                 lambda path, feed: both(raises("ConnectionRefusedError", "Let the connection error propagate."),
+                                         db_closed),
+                 timeout=3.0, guard=5.0)
+        scenario("connecting never completes", call.format(t=0.5) + "; open_connection never returns",
+                 "TimeoutError after 0.5 s; DB closed",
+                 lambda path, feed: both(
+                     raises("TimeoutError", "Bound the connect: `await asyncio.wait_for(asyncio.open_connection("
+                                            "host, port, limit=64), timeout)`."),
+                     took(0.5, "Bound open_connection by `timeout`."), db_closed),
+                 dial="hang", timeout=0.5, guard=30.0)
+        scenario("sending RESUME fails", call.format(t=0.5) + "; the drain after RESUME raises ConnectionResetError",
+                 "ConnectionResetError; socket and DB closed",
+                 lambda path, feed: both(raises("ConnectionResetError", "Let the error from drain propagate."),
+                                         socket_closed, db_closed),
+                 dial="fake", drain="raise", timeout=0.5, guard=30.0)
+        scenario("the drain after RESUME never finishes", call.format(t=0.5) + "; the drain hangs",
+                 "TimeoutError after 0.5 s; socket and DB closed",
+                 lambda path, feed: both(raises("TimeoutError", "Bound the drain after RESUME by `timeout`."),
+                                         took(0.5, "Bound the drain after RESUME by `timeout`."),
+                                         socket_closed, db_closed),
+                 dial="fake", drain="hang", timeout=0.5, guard=30.0)
+        scenario("before_ack raises at seq 1", call.format(t=3.0) + " where hook(1) raises RuntimeError",
+                 "that RuntimeError; seq 1 committed, not ACKed; DB and socket closed",
+                 lambda path, feed: both(
+                     same_error("Let before_ack's own exception propagate."), db_closed, socket_closed,
+                     feed_acked(feed, [0], exact=True),
+                     judge_reads(path, store_state(events[:2]), "Commit, then before_ack, then ACK.")),
+                 faults=["none"], timeout=3.0, guard=5.0, hook_fails_at=1)
+        scenario("cancelled during the session",
+                 call.format(t=3.0) + "; the feed stalls; cancelled 0.05 s after RESUME was written",
+                 "CancelledError propagates; DB and socket closed",
+                 lambda path, feed: both(cancelled, db_closed, socket_closed),
+                 faults=["stall"], timeout=3.0, guard=5.0, cancel_after=0.05)
+        run = ctx.child("clients", {"cases": [p.name for p in plans], "scenarios": scenarios})
+        for feed in feeds:
+            feed.wait_idle(2.0)
+    finally:
+        close_feeds(feeds)
+    return judge(run, plans, ctx.timeout)
+
+
+def db_closed(record: dict) -> Miss | None:
+    seen = record["observed"]
+    if seen.get("db_left_open"):
+        return Miss(f"{seen['db_left_open']} DB connection(s) still open after run_client ended", DB_CLOSE_HINT)
+    return None
+
+
+def socket_closed(record: dict) -> Miss | None:
+    if not all(record["observed"].get("sockets_closed", [])):
+        return Miss("the socket was still open after run_client ended",
+                    "If anything fails before consume_session takes over, close the writer yourself "
+                    "(`writer.close()` in an `except BaseException:` before re-raising).")
+    return None
+
+
+def dialled_with_limit(record: dict) -> Miss | None:
+    dials = record["observed"].get("dials", [])
+    if not dials:
+        return Miss("asyncio.open_connection was never called",
+                    "Connect with `asyncio.open_connection(host, port, limit=64)`.")
+    limit = decode(dials[0]["limit"])
+    if limit != 64:
+        return Miss(f"asyncio.open_connection was called with limit {show(limit)}",
+                    "Pass `limit=64`: then readline refuses any line longer than a frame instead of "
+                    "buffering it.")
+    return None
+
+
+def never_parsed_long(record: dict) -> Miss | None:
+    longest = record["observed"].get("longest_frame", 0)
+    if longest > 64:
+        return Miss(f"readline returned the whole line: parse_line received {longest} bytes",
+                    "Pass `limit=64` to open_connection: readline then raises ValueError instead of "
+                    "reading an oversized line into memory.")
+    return None
+
+
+def resumed(last: int):
+    """The first write is RESUME <last>, and it is drained before anything else."""
+
+    def check(record: dict) -> Miss | None:
+        log = _log(record)
+        writes = [(i, decode(e["data"])) for i, e in enumerate(log) if e["kind"] == "write"]
+        expected = b"RESUME %d\n" % last
+        if not writes or writes[0][1] != expected:
+            first = show(writes[0][1]) if writes else "never made"
+            return Miss(f"the first write was {first}; expected {expected!r}",
+                        "Write `b\"RESUME <last>\\n\"` first, with the `last` read from the store.")
+        following = [e["kind"] for e in log[writes[0][0] + 1:] if e["kind"] in ("drain", "write")]
+        if not following or following[0] != "drain":
+            return Miss("RESUME was written but not drained",
+                        "After writing RESUME, `await asyncio.wait_for(writer.drain(), timeout)`.")
+        return None
+
+    return check
+
+
+def feed_resumed(feed: Feed, last: int):
+    def check(record: dict) -> Miss | None:
+        got = feed.resumes()
+        if got != [last]:
+            hint = "Send `RESUME <last>` once, with the last the store saved."
+            if got == [-1] and last != -1:
+                hint = ("the feed saw RESUME -1 from a store saved at a later cursor: read `last` from the "
+                        "store, never reset it.")
+            return Miss(f"the feed received RESUME {got}; expected [{last}]", hint)
+        return None
+
+    return check
+
+
+def feed_acked(feed: Feed, seqs: list[int], exact: bool = False):
+    """The feed got an ACK for each of `seqs`; a feed may resend more, and those need ACKs too."""
+
+    def check(record: dict) -> Miss | None:
+        journal = feed.journal()
+        got, sent = acks_on(journal), sent_on(journal)
+        if exact:
+            if got != seqs:
+                return Miss(f"the feed received ACKs for {got}; expected {seqs}",
+                            "ACK exactly the lines that were committed and passed before_ack.")
+            return None
+        if any(s not in got for s in seqs) or any(s not in got for s in sent):
+            return Miss(f"the feed sent {sent} and received ACKs for {got}",
+                        "ACK every line after its commit, duplicates included.")
+        return None
+
+    return check
+
+
+def validated_first(silent: Feed):
+    def check(record: dict) -> Miss | None:
+        seen = record["observed"]
+        if seen.get("dials") or silent.connections():
+            return Miss("ValueError, but only after connecting to the feed",
+                        "Validate timeout first, before opening the store or a connection.")
+        if seen.get("db_opened") or seen.get("file_exists"):
+            return Miss("ValueError, but only after opening the store", "Validate timeout first, before "
+                                                                         "open_store(path).")
+        return None
+
+    return check
+
+
+def raises_any(names: tuple[str, ...], hint: str):
+    def check(record: dict) -> Miss | None:
+        outcome = record["outcome"]
+        if outcome["kind"] == "raised" and any(n in outcome.get("mro", []) for n in names):
+            return None
+        return Miss(said(outcome), _outcome_hint(outcome, hint))
+
+    return check
+
+
+def _closed_port() -> int:
+    """A loopback port nobody listens on (bound, then closed)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+# --- final check: killed between commit and ACK ---------------------------------------------------
+
+
+def check_crash(ctx: StepContext) -> list[Case]:
+    rng = ctx.rng
+    events = list(enumerate(deltas(rng, rng.randint(4, 7))))
+    kill = rng.randint(1, len(events) - 2)
+    total = sum(d for _, d in events)
+    db = ctx.path("vending.db")
+    timeline = ctx.evidence.timeline
+    timeline.append({"t": time.time(), "actor": "judge", "kind": "setup",
+                     "text": f"feed with {len(events)} events {events}; no store file yet; kill at seq {kill}"})
+    args = {"db": str(db), "timeout": 3.0, "guard": 6.0, "exit_code": KILL_EXIT_CODE}
+    feed = start_feed(events, io_timeout=3.0)
+    try:
+        args.update(host=feed.host, port=feed.port)
+        first = ctx.child("crash_client", {**args, "kill": kill})
+        feed.wait_idle(2.0)
+        after_kill, t_kill = snapshot(db), time.time()
+        second = ctx.child("crash_client", {**args, "kill": None})
+        feed.wait_idle(2.0)
+        after_all, t_end = snapshot(db), time.time()
+    finally:
+        close_feeds([feed])
+    journal = feed.journal()
+    conns1 = _conns_during(journal, first)
+    conns2 = _conns_during(journal, second)
+    j1 = [e for e in journal if e["conn"] in conns1]
+    j2 = [e for e in journal if e["conn"] in conns2]
+    _timeline_process(timeline, "client #1", first, kill, ctx.timeout)
+    _timeline_process(timeline, "client #2", second, None, ctx.timeout)
+    _timeline_feed(timeline, journal, conns1, conns2)
+    timeline.append({"t": t_kill, "actor": "store", "kind": "snapshot", "text": "after client #1: " + shown(after_kill)})
+    timeline.append({"t": t_end, "actor": "store", "kind": "snapshot", "text": "after client #2: " + shown(after_all)})
+    timeline.sort(key=lambda e: e["t"])
+
+    hooked_at_kill = any(decode(n.get("seq", encode(None))) == kill for n in first.messages()
+                         if n.get("kind") == "before_ack")
+    died = Case(f"client #1 dies in before_ack({kill}), after the commit", Outcome.PASSED,
+                f"run_client(feed, new store, 3.0, before_ack=hook) where hook({kill}) calls os._exit(73)",
+                f"exit code {KILL_EXIT_CODE}")
+    if first.exit_code != KILL_EXIT_CODE or not hooked_at_kill:
+        miss = _process_problem(first, "Call before_ack(seq) after each commit, before the ACK; run_client "
+                                       "passes before_ack on to consume_session.", ctx.timeout)
+        died.outcome, died.got, died.hint = miss.outcome, miss.got, miss.hint
+    else:
+        ctx.evidence.faults.append(f"client #1 killed in before_ack at seq {kill} — exit {KILL_EXIT_CODE} observed")
+
+    committed = store_state(events[: kill + 1])
+    survived = Case(f"the commit of seq {kill} survived the kill", Outcome.PASSED,
+                    "the judge reads the store file after client #1 died", shown(committed))
+    resume = Case("client #2 resumes from the saved cursor", Outcome.PASSED,
+                  "run_client(...) again, in a new process, on the same file", f"the feed sees RESUME {kill}")
+    once = Case(f"the resent seq {kill} is ACKed and counted once", Outcome.PASSED,
+                f"the feed resends seq {kill} to client #2", f"ACK {kill} from client #2; total {total}")
+    finished = Case("client #2 finishes with every delta counted exactly once", Outcome.PASSED,
+                    "run_client returns; the judge reads the store file",
+                    f"{(events[-1][0], total)} returned; the store holds {shown(store_state(events))}")
+    later = [survived, resume, once, finished]
+    if not died.passed:
+        for case in later:
+            case.outcome, case.got = Outcome.NOT_REACHED, f"not checked: client #1 did not die in before_ack({kill})"
+        _ladder(ctx, kill, died.passed, after_kill, j1, j2, after_all, events)
+        return [died] + later
+
+    if after_kill != committed:
+        survived.outcome, survived.got = Outcome.WRONG, f"the judge read {shown(after_kill)}"
+        survived.hint = ("before_ack runs after the COMMIT: everything up to the killed seq must be in the file."
+                         if after_kill is not None and after_kill["last"] < kill else
+                         "Commit the ledger row, the total and the cursor together, once per event.")
+    resumes2 = resumes_on(j2)
+    if resumes2 != [kill]:
+        resume.outcome = Outcome.WRONG if resumes2 or second.imported else Outcome.DIED
+        resume.got = f"the feed saw RESUME {resumes2} from client #2" if resumes2 else _process_problem(
+            second, "", ctx.timeout).got
+        resume.hint = ("the feed saw RESUME -1 from the new process: read `last` from the store, never reset it."
+                       if resumes2 == [-1] else "Send `RESUME <last>` with the last the store saved.")
+    sent2, acks2 = sent_on(j2), acks_on(j2)
+    counted = after_all["total"] if after_all else None
+    if kill not in sent2:
+        once.outcome = Outcome.WRONG
+        once.got = f"the feed sent {sent2} to client #2, not seq {kill} again"
+        once.hint = ("The feed resends every event it has not seen ACKed; if it did not resend "
+                     f"seq {kill} after RESUME {kill}, this is a bug in the course's feed (labkit/feed.py), "
+                     "not in your code: please report it." if resumes2 == [kill] else resume.hint)
+    elif kill not in acks2:
+        once.outcome, once.got = Outcome.WRONG, f"client #2 ACKed {acks2}, not {kill}"
+        once.hint = "An identical duplicate is ACKed too: apply_event returns False, consume_line still ACKs."
+    elif counted != total:
+        once.outcome = Outcome.WRONG
+        twice = counted is not None and counted - total == events[kill][1]
+        once.got = f"the total is {counted}" + (f": seq {kill}'s delta {events[kill][1]} was counted twice"
+                                                if twice else "")
+        once.hint = "Look seq up in the ledger: seq <= last with the same delta is a duplicate, not a new event."
+    outcome = second.cases().get("run_client", {}).get("outcome")
+    if outcome is None or outcome.get("kind") != "returned" or not same(decode(outcome["value"]),
+                                                                          (events[-1][0], total)):
+        miss = _process_problem(second, "run_client returns state(con) at EOF.", ctx.timeout)
+        finished.outcome, finished.got, finished.hint = miss.outcome, miss.got, miss.hint
+    elif after_all != store_state(events):
+        finished.outcome, finished.got = Outcome.WRONG, f"the judge read {shown(after_all)}"
+        finished.hint = "Each event once in the ledger, the total their sum, last the final seq."
+    if once.passed and resume.passed:
+        ctx.evidence.faults.append(f"seq {kill} delivered twice (committed by client #1, resent to client #2) — "
+                                   f"ACKed and counted once")
+    _ladder(ctx, kill, died.passed, after_kill, j1, j2, after_all, events)
+    return [died] + later
+
+
+def _conns_during(journal: list[dict], run) -> set[int]:
+    """The feed connections a child process opened: those that began while it ran."""
+    return {e["conn"] for e in journal if e["kind"] == "connect" and run.started_at <= e["t"] <= run.ended_at}
+
+
+def _process_problem(run, expected: str, timeout: float) -> Miss:
+    """Why a client process did not do what the scenario needed."""
+    if not run.imported:
+        got, hint, _ = import_problem(run, timeout)
+        return Miss(got, hint, Outcome.IMPORT_FAILED)
+    record = run.cases().get("run_client")  # a report beats run.timed_out, which can race with a normal exit
+    if record is not None:
+        outcome = record["outcome"]
+        if outcome.get("kind") == "not_implemented":
+            return Miss("run_client still raises NotImplementedError (the skeleton)", SKELETON_HINT,
+                        Outcome.NOT_IMPLEMENTED)
+        if outcome.get("kind") == "missing":
+            return Miss("run_client is not defined in your module", "Run every step's cell.", Outcome.MISSING)
+        return Miss(f"run_client {said(outcome)} (exit code {run.exit_code})", expected,
+                    Outcome.RAISED if outcome.get("kind") == "raised" else Outcome.WRONG)
+    if _killed_by_judge(run, timeout):
+        return Miss("the client did not finish in time and was killed", "Look for a wait without a timeout.",
+                    Outcome.TIMED_OUT)
+    return Miss(f"the process ended with exit code {run.exit_code} before run_client returned", expected,
+                Outcome.DIED)
+
+
+def _killed_by_judge(run, timeout: float) -> bool:
+    """Timed out for real: it ran until the deadline. (`run.timed_out` alone can also be set for a
+    process caught in the middle of exiting; and the exit code of a killed one may read 0.)"""
+    return run.timed_out and run.seconds >= timeout - 0.05
+
+
+def _timeline_process(timeline: list[dict], label: str, run, kill: int | None, timeout: float) -> None:
+    timeline.append({"t": run.started_at, "actor": label, "kind": "start", "text": "process started"})
+    for note in run.messages():
+        if note.get("kind") == "before_ack":
+            seq = decode(note["seq"])
+            text = f"before_ack({seq})" + (": os._exit(73)" if seq == kill else "")
+            timeline.append({"t": note["t"], "actor": label, "kind": "hook", "text": text})
+    killed = kill is not None and run.exit_code == KILL_EXIT_CODE
+    timeline.append({"t": run.ended_at, "actor": label, "kind": "killed" if killed else "exit",
+                     "text": f"exit code {run.exit_code}" + (" (no answer in time: killed by the judge)"
+                                                             if _killed_by_judge(run, timeout) else "")})
+
+
+def _timeline_feed(timeline: list[dict], journal: list[dict], conns1: set[int], conns2: set[int]) -> None:
+    owner = {**{c: "client #1" for c in conns1}, **{c: "client #2" for c in conns2}}
+    for e in journal:
+        who = owner.get(e["conn"], "unknown client")
+        text = {
+            "connect": f"connection {e['conn']} from {who}",
+            "resume": f"← RESUME {e.get('last')}",
+            "sent": f"→ EVENT {e.get('seq')} {e.get('delta')}",
+            "ack": f"← ACK {e.get('seq')}",
+            "closed": f"connection {e['conn']} closed ({e.get('reason')})",
+        }.get(e["kind"], f"{e['kind']} {({k: v for k, v in e.items() if k not in ('t', 'conn', 'kind')})}")
+        timeline.append({"t": e["t"], "actor": "feed", "kind": e["kind"], "text": f"[{who}] {text}"})
+
+
+def _ladder(ctx, kill, died, after_kill, j1, j2, after_all, events) -> None:
+    ladder = ctx.evidence.ladder
+    seqs1 = [s for s, _ in after_kill["ledger"]] if after_kill else []
+    ack1 = [e for e in j1 if e["kind"] == "ack" and e["seq"] == kill]
+    resent = [e for e in j2 if e["kind"] == "sent" and e["seq"] == kill]
+    ack2 = [e for e in j2 if e["kind"] == "ack" and e["seq"] == kill]
+    total = sum(d for _, d in events)
+    ladder.append({"rung": "committed",
+                   "observed": (f"yes: seq {kill} in the ledger, last {after_kill['last']}" if kill in seqs1
+                                else "no: seq {kill} is not in the ledger") if after_kill else "no store to read",
+                   "when": "after client #1 died"})
+    ladder.append({"rung": "ACK sent",
+                   "observed": (f"no: client #1 died in before_ack({kill}) (exit 73) before writing ACK {kill}"
+                                if died else "not observed: client #1 did not die at the hook"),
+                   "when": "client #1"})
+    ladder.append({"rung": "ACK seen by the feed",
+                   "observed": (f"no: the feed has no ACK {kill} from client #1" if not ack1
+                                else f"yes: the feed got ACK {kill} from client #1"),
+                   "when": "client #1's connection"})
+    ladder.append({"rung": "resent",
+                   "observed": (f"yes: the feed sent EVENT {kill} again to client #2" if resent
+                                else f"no: the feed did not send seq {kill} to client #2"),
+                   "when": "client #2's connection"})
+    duplicate = bool(ack2) and after_all is not None and after_all["total"] == total
+    ladder.append({"rung": "recognised as duplicate",
+                   "observed": (f"yes: client #2 ACKed {kill} and the total {after_all['total']} counts it once"
+                                if duplicate else "no"),
+                   "when": "after client #2"})
+
+
+LAB = LabSpec(
+    name="vending",
+    module_name="client",
+    probes="checks.vending_probes",
+    steps=[
+        StepSpec(1, "parse_line", 1, check_parse),
+        StepSpec(2, "open_store / state", 1, check_store),
+        StepSpec(3, "apply_event", 1, check_apply),
+        StepSpec(4, "replay", 1, check_replay),
+        StepSpec(5, "consume_line", 1, check_consume_line, requires=(1, 3)),
+        StepSpec(6, "consume_session", 2, check_session, requires=(2, 5)),
+        StepSpec(7, "run_client", 2, check_run_client, requires=(2, 6)),
+        StepSpec("final", "killed between commit and ACK", 3, check_crash, requires=(2, 5, 6, 7)),
+    ],
+)

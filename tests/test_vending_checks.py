@@ -1,0 +1,300 @@
+"""Lab `vending`'s checks: the reference passes, every catalogued mistake fails where it should,
+and modules that do not load, hang or die get a clear verdict instead of a traceback.
+
+Each file in `wrong_solutions/vending/` is a copy of `solutions/client.py` with one realistic
+mistake, and says in its docstring which step must fail and what the student must be told.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import psutil
+import pytest
+
+from labkit import build, labs
+from labkit.judge import LabSpec, run_lab
+from labkit.module_export import assemble
+from labkit.verdict import LabVerdict, Outcome, StepVerdict
+
+ROOT = Path(__file__).resolve().parents[1]
+REFERENCE = ROOT / "solutions" / "client.py"
+LESSON = ROOT / "notebooks" / "source" / "02-vending.md"
+WRONG = sorted((ROOT / "tests" / "wrong_solutions" / "vending").glob("*.py"))
+DOCSTRING = re.compile(r'\A"""Wrong: (?P<mistake>.+?)\. Fails step (?P<step>\d+|final)\. '
+                       r'Message: (?P<message>.+?)"""\n', re.S)
+SEED = 1
+
+# The mistakes the lab's issue asks the checks to catch, by the file that makes each one.
+REQUIRED = {
+    "crlf_accepted", "leading_zeros_accepted", "minus_zero_accepted", "plus_sign_accepted",
+    "strip_before_lf", "cursor_before_total", "transaction_left_open", "conflict_returns_false",
+    "gap_not_detected", "replay_mutates_input", "replay_without_resync", "ack_before_commit",
+    "unbounded_readline", "writer_not_closed_on_error", "no_abort", "resume_minus_one",
+    "store_wiped_on_open", "db_not_closed_on_failure",
+}
+
+
+@pytest.fixture(scope="module")
+def lab() -> LabSpec:
+    return labs.load("vending")
+
+
+def _line(sock: socket.socket) -> bytes:
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = sock.recv(1)
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def promise(path: Path) -> dict[str, str]:
+    """What a wrong solution's docstring says: the mistake, the failing step, the message."""
+    match = DOCSTRING.match(path.read_text())
+    assert match, f"{path.name} must start with '\"\"\"Wrong: ... Fails step N. Message: ...\"\"\"'"
+    return match.groupdict()
+
+
+def failures(step: StepVerdict) -> str:
+    return "\n\n".join(f"[{c.name}]\n{c.message}" for c in step.cases if not c.passed)
+
+
+def by_step(verdict: LabVerdict) -> dict[str, StepVerdict]:
+    return {str(s.step): s for s in verdict.steps}
+
+
+def dependents(lab: LabSpec, step: str) -> set[str]:
+    """Every step that builds on `step`, directly or through another step."""
+    found: set[str] = set()
+    changed = True
+    while changed:
+        changed = False
+        for spec in lab.steps:
+            needs = {str(n) for n in spec.requires}
+            if str(spec.step) not in found and (step in needs or needs & found):
+                found.add(str(spec.step))
+                changed = True
+    return found
+
+
+def nothing_left_running() -> list[str]:
+    left = [t.name for t in threading.enumerate() if t.name.startswith("labkit-feed-")]
+    left += [f"child process {p.pid} ({p.name()})" for p in psutil.Process().children(recursive=True)]
+    return left
+
+
+# --- the catalogue ------------------------------------------------------------------------
+
+
+def test_the_catalogue_is_complete():
+    assert len(WRONG) >= 16
+    names = {p.stem for p in WRONG}
+    assert REQUIRED <= names, f"missing wrong solutions: {sorted(REQUIRED - names)}"
+    for path in WRONG:
+        promise(path)
+
+
+def touched_definitions(path: Path) -> set[str]:
+    """The top-level definitions of the reference that a wrong solution changes."""
+    reference = REFERENCE.read_text()
+    spans = []
+    for node in ast.parse(reference).body:
+        label = getattr(node, "name", None) or ast.unparse(getattr(node, "targets", [node])[0])
+        spans.append((node.lineno, node.end_lineno, label))
+    body = DOCSTRING.sub("", path.read_text(), count=1).lstrip("\n").splitlines()
+    touched = set()
+    matcher = difflib.SequenceMatcher(None, reference.splitlines(), body, autojunk=False)
+    for tag, i1, i2, _j1, _j2 in matcher.get_opcodes():
+        if tag == "equal":
+            continue
+        for line in range(i1 + 1, i2 + 1) if i2 > i1 else [i1]:  # 1-based; an insertion follows line i1
+            touched |= {label for first, last, label in spans if first <= line <= last} or {f"line {line}"}
+    return touched
+
+
+@pytest.mark.parametrize("path", WRONG, ids=[p.stem for p in WRONG])
+def test_wrong_solution_is_the_reference_with_one_mistake(path):
+    """A stale copy could fail for reasons of its own: then copy solutions/client.py again."""
+    touched = touched_definitions(path)
+    assert len(touched) == 1, (f"{path.name} differs from solutions/client.py in {sorted(touched)}: copy the "
+                               "reference again and re-apply the one mistake")
+
+
+# --- the reference ------------------------------------------------------------------------
+
+
+def test_the_reference_is_built_from_the_lesson():
+    lesson = build.parse(LESSON)
+    assert build.reference_module(lesson) == REFERENCE.read_text(), \
+        "solutions/client.py differs from notebooks/source/02-vending.md: run `python -m labkit.build`"
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_reference_passes_every_step(lab, seed):
+    verdict = run_lab(lab, REFERENCE, seed=seed)
+    assert not nothing_left_running(), nothing_left_running()
+    assert [str(s.step) for s in verdict.steps] == [str(s.step) for s in lab.steps]
+    steps = by_step(verdict)
+    failing = {s.step: failures(s) for s in verdict.steps if not s.passed and str(s.step) != "final"}
+    assert not failing, f"seed {seed}: the reference fails {failing}"
+    final = steps["final"]
+    assert final.passed, failures(final)
+    assert verdict.passed and verdict.score == verdict.max_score == 12
+
+
+def test_same_seed_same_cases_same_verdicts(lab):
+    """Cases come from the seed: the same seed twice gives the same cases and verdicts; another seed
+    gives other cases."""
+    def fingerprint(verdict):
+        return [(str(s.step), c.name, c.called, c.expected, c.passed) for s in verdict.steps for c in s.cases]
+
+    steps = [1, 3, 4, 6, 7, "final"]
+    first = fingerprint(run_lab(lab, REFERENCE, steps=steps, seed=11))
+    again = fingerprint(run_lab(lab, REFERENCE, steps=steps, seed=11))
+    other = fingerprint(run_lab(lab, REFERENCE, steps=steps, seed=12))
+    assert first == again
+    assert [f[:3] for f in first] != [f[:3] for f in other]
+
+
+def test_final_check_keeps_evidence(lab):
+    verdict = run_lab(lab, REFERENCE, steps=["final"], seed=SEED)
+    final = verdict.steps[0]
+    evidence = final.evidence
+    assert evidence is not None
+    assert evidence.timeline and all(set(e) == {"t", "actor", "kind", "text"} for e in evidence.timeline)
+    assert [e["t"] for e in evidence.timeline] == sorted(e["t"] for e in evidence.timeline)
+    actors = {e["actor"] for e in evidence.timeline}
+    assert {"client #1", "client #2", "feed", "store"} <= actors
+    assert any(e["kind"] == "killed" and "exit code 73" in e["text"] for e in evidence.timeline)
+    assert [r["rung"] for r in evidence.ladder] == ["committed", "ACK sent", "ACK seen by the feed", "resent",
+                                                    "recognised as duplicate"]
+    assert all(set(r) == {"rung", "observed", "when"} for r in evidence.ladder)
+    assert evidence.ladder[0]["observed"].startswith("yes")
+    assert evidence.ladder[1]["observed"].startswith("no")
+    assert any(f.startswith("client #1 killed in before_ack at seq ") and "exit 73 observed" in f
+               for f in evidence.faults)
+
+
+def test_a_fault_that_did_not_happen_is_not_claimed(lab, tmp_path):
+    """run_client that never passes before_ack on: the kill never happens, so nothing may pass."""
+    source = REFERENCE.read_text()
+    handover = "return await consume_session(reader, writer, con, timeout, before_ack)"
+    assert source.count(handover) == 1
+    module = tmp_path / "client.py"
+    module.write_text(source.replace(handover, "return await consume_session(reader, writer, con, timeout)"))
+    final = run_lab(lab, module, steps=["final"], seed=SEED).steps[0]
+    assert not final.passed
+    assert final.cases[0].outcome is Outcome.WRONG and "exit code 0" in final.cases[0].got
+    assert all(c.outcome is Outcome.NOT_REACHED for c in final.cases[1:])
+    assert final.evidence.faults == []
+
+
+@pytest.mark.parametrize("name", ["resume_minus_one", "store_wiped_on_open"])
+def test_final_exposes_a_client_that_forgets_its_cursor(lab, name):
+    final = run_lab(lab, ROOT / "tests" / "wrong_solutions" / "vending" / f"{name}.py",
+                    steps=["final"], seed=SEED).steps[0]
+    resume = next(c for c in final.cases if c.name == "client #2 resumes from the saved cursor")
+    assert not resume.passed
+    assert "the feed saw RESUME -1 from the new process: read `last` from the store, never reset it" in resume.hint
+
+
+# --- the wrong solutions ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", WRONG, ids=[p.stem for p in WRONG])
+def test_wrong_solution_fails_its_step(lab, path):
+    said = promise(path)
+    step = said["step"]
+    # The intended step, and every step that does not build on it: those must still pass.
+    independent = [str(s.step) for s in lab.steps if str(s.step) not in dependents(lab, step)]
+    steps = by_step(run_lab(lab, path, steps=independent, seed=SEED))
+    assert not steps[step].passed, f"{path.name}: step {step} passed although it is wrong: {said['mistake']}"
+    assert steps[step].status == "failed"
+    messages = failures(steps[step])
+    assert said["message"] in messages, (f"{path.name}: step {step} fails, but not with the promised "
+                                         f"message {said['message']!r}:\n{messages}")
+    others = {s: failures(v) for s, v in steps.items() if s != step and not v.passed}
+    assert not others, f"{path.name}: steps that do not build on step {step} fail too: {others}"
+
+
+# --- modules that do not load, hang, or never return -----------------------------------------
+
+
+def skeleton_module() -> str:
+    lesson = build.parse(LESSON)
+    return assemble({b.arg: build.skeleton(b.text) for b in lesson.blocks if b.kind == "step"})
+
+
+def test_skeleton_is_not_implemented_everywhere(lab, tmp_path):
+    module = tmp_path / "client.py"
+    module.write_text(skeleton_module())
+    verdict = run_lab(lab, module, seed=SEED)
+    assert {str(s.step): s.status for s in verdict.steps} == {str(s.step): "not_implemented" for s in lab.steps}, \
+        {s.step: failures(s) for s in verdict.steps if s.status != "not_implemented"}
+    assert {str(s.step): s.note for s in verdict.steps} == {str(s.step): "" for s in lab.steps}
+    assert verdict.score == 0
+
+
+BROKEN = {
+    "syntax_error": ("def parse_line(line)\n    return 1\n", "importing your module failed: raised SyntaxError"),
+    "hangs_on_import": ("import time\n\nwhile True:\n    time.sleep(0.1)\n",
+                        "importing your module did not finish within 2 s"),
+    "exits_on_import": ("import os\n\nos._exit(7)\n", "the process died while importing your module (exit code 7)"),
+}
+
+
+@pytest.mark.parametrize("kind", list(BROKEN))
+def test_a_module_that_does_not_load_gets_a_verdict(kind, tmp_path):
+    source, got = BROKEN[kind]
+    module = tmp_path / "client.py"
+    module.write_text(source)
+    env = {**os.environ, "LABKIT_STEP_TIMEOUT": "2", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "labkit", "check", "vending", "--solution", str(module),
+                           "--json", "--seed", "1"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    verdict = json.loads(proc.stdout)
+    assert verdict["lab"] == "vending" and verdict["passed"] is False and verdict["score"] == 0
+    assert len(verdict["steps"]) == 8
+    for step in verdict["steps"]:
+        assert [c["outcome"] for c in step["cases"]] == ["import_failed"]
+        assert "labkit" not in step["cases"][0]["trace"]
+    for step in verdict["steps"]:
+        assert got in step["cases"][0]["got"]
+
+
+NEVER_RETURNS = '''async def consume_session(reader, writer, con, timeout, before_ack=None):
+    """Never returns, and never reads."""
+    while True:
+        await asyncio.sleep(0.05)
+'''
+
+
+def test_a_consume_session_that_never_returns_gets_a_verdict(lab, tmp_path):
+    source = REFERENCE.read_text()
+    start = source.index("async def consume_session(")
+    end = source.index("# --- step 7")
+    module = tmp_path / "client.py"
+    module.write_text(source[:start] + NEVER_RETURNS + "\n\n" + source[end:])
+    verdict = run_lab(lab, module, steps=[5, 6, 7, "final"], seed=SEED, timeout=2.0)
+    assert not nothing_left_running(), nothing_left_running()
+    steps = by_step(verdict)
+    assert steps["5"].passed, failures(steps["5"])
+    for step in ("6", "7", "final"):
+        assert steps[step].status == "failed"
+        first = next(c for c in steps[step].cases if not c.passed)
+        assert first.outcome in (Outcome.TIMED_OUT, Outcome.WRONG, Outcome.RAISED), first
+        assert re.search(r"still running after|no answer within|did not finish in time", first.got), first.got
+        assert all("labkit" not in c.trace for c in steps[step].cases)
