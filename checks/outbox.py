@@ -12,14 +12,24 @@ import random
 import string
 
 from labkit import stores
-from labkit.expect import Miss, Plan, describe, raises, returns, value_of
+from labkit.expect import (
+    TRANSACTION_HINT,
+    Miss,
+    Plan,
+    both,
+    closed_on_error,
+    describe,
+    is_module_exception,
+    no_open_transaction,
+    raises,
+    returns,
+    value_of,
+)
 from labkit.judge import LabSpec, StepContext, StepSpec
 from labkit.values import encode, same, show
 from labkit.verdict import Case, Outcome
 
 BOOL_HINT = "`True` is an `int` in Python (`isinstance(True, int)` is True): test `type(x) is int`."
-TRANSACTION_HINT = ("Do all the writes between one `BEGIN` and one `COMMIT`, and `ROLLBACK` "
-                    "before re-raising on any error (a `try/except` around the whole transaction).")
 
 
 def event(event_id: str, sku: str, qty: int) -> dict:
@@ -28,40 +38,6 @@ def event(event_id: str, sku: str, qty: int) -> dict:
 
 def name(rng: random.Random, prefix: str, length: int = 6) -> str:
     return prefix + "-" + "".join(rng.choices(string.ascii_lowercase + string.digits, k=length))
-
-
-def in_transaction_left(record: dict) -> Miss | None:
-    if record["observed"].get("in_transaction"):
-        return Miss("the call returned with a transaction still open", TRANSACTION_HINT)
-    return None
-
-
-def both(*checks):
-    """All checks must pass; the first miss is reported."""
-
-    def check(record: dict) -> Miss | None:
-        for one in checks:
-            miss = one(record)
-            if miss is not None:
-                return miss
-        return None
-
-    return check
-
-
-def is_module_exception(cls: str, hint: str = ""):
-    """Raised the module's own `cls`, declared as a direct subclass of Exception."""
-
-    def check(record: dict) -> Miss | None:
-        outcome = record["outcome"]
-        if outcome["kind"] != "raised" or outcome["type"] != cls:
-            return Miss(describe(outcome), hint)
-        if outcome["bases"] != ["Exception"]:
-            return Miss(f"raised {cls}, but {cls} derives from {outcome['bases']}",
-                        f"Declare `class {cls}(Exception)`: the contract says a direct subclass of Exception.")
-        return None
-
-    return check
 
 
 # --- step 1 -------------------------------------------------------------------------------
@@ -183,15 +159,6 @@ def check_stores(ctx: StepContext) -> list[Case]:
 
         return check
 
-    def closed_on_error(record: dict) -> Miss | None:
-        miss = raises("DatabaseError", "Let sqlite3's own error propagate.")(record)
-        if miss is not None:
-            return miss
-        if record["observed"].get("left_open"):
-            return Miss("raised, but left the connection open",
-                        "If creating the tables fails, close the connection, then re-raise the original error.")
-        return None
-
     plans = [
         Plan("open_source on a new file", "open_source(new file)", "a connection; tables orders and outbox",
              opened(new_source, SOURCE_COLUMNS, "open_source")),
@@ -202,9 +169,9 @@ def check_stores(ctx: StepContext) -> list[Case]:
         Plan("open_sink keeps existing rows", "open_sink(existing file) in a new process",
              "every row still there", kept_rows(old_sink)),
         Plan("open_source on a file that is not a database", "open_source(text file)",
-             "sqlite3.DatabaseError, connection closed", closed_on_error),
+             "sqlite3.DatabaseError, connection closed", closed_on_error("creating the tables")),
         Plan("open_sink on a file that is not a database", "open_sink(text file)",
-             "sqlite3.DatabaseError, connection closed", closed_on_error),
+             "sqlite3.DatabaseError, connection closed", closed_on_error("creating the tables")),
     ]
     paths = [(new_source, "open_source"), (new_sink, "open_sink"), (old_source, "open_source"),
              (old_sink, "open_sink"), (garbage, "open_source"), (garbage, "open_sink")]
@@ -305,20 +272,20 @@ def check_accept(ctx: StepContext) -> list[Case]:
 
     plans = [
         Plan("a new order", f"accept(con, {show(first)})", "True; a row in orders and a pending outbox row",
-             both(returns(True), in_transaction_left, first_saved)),
+             both(returns(True), no_open_transaction, first_saved)),
         Plan("the same order again", f"accept(con, {show(first)})", "False, nothing changes",
              both(returns(False, "An identical repeat is not an error: return False and write nothing."),
-                  in_transaction_left)),
+                  no_open_transaction)),
         Plan("same id, other content", f"accept(con, {show(changed)})", "Conflict, nothing changes",
              both(is_module_exception("Conflict", "Compare the stored body with the new one: different → raise Conflict."),
-                  in_transaction_left, conflict_kept)),
+                  no_open_transaction, conflict_kept)),
         Plan("an invalid order", f"accept(con, {show(invalid)})", "ValueError before any write",
              both(raises("ValueError", "Call validate_event first."), untouched(invalid["id"], "it was invalid"))),
         Plan("a second order", f"accept(con, {show(second)})", "True; after the first in the outbox",
              both(returns(True), seq_order)),
         Plan("the outbox insert fails", f"accept(con, {show(boom)}) with a trigger that aborts the outbox insert",
              "the original IntegrityError; no order row; no open transaction",
-             both(original_error, in_transaction_left, untouched(boom["id"], "the outbox insert failed"))),
+             both(original_error, no_open_transaction, untouched(boom["id"], "the outbox insert failed"))),
     ]
     args = [first, first, changed, invalid, second, boom]
     specs = [{"name": p.name, "fn": "accept", "args": [encode(a)]} for p, a in zip(plans, args, strict=True)]
@@ -353,7 +320,7 @@ def check_pending(ctx: StepContext) -> list[Case]:
     def read_only(record):
         if stores.fingerprint(db) != before:
             return Miss("the database changed", "pending only reads: it must not mark or delete rows.")
-        return in_transaction_left(record)
+        return no_open_transaction(record)
 
     plans = [
         Plan("every pending row, in outbox order", "pending(con, 16)", show(unsent), both(in_order(unsent), read_only)),
@@ -424,19 +391,19 @@ def check_receive(ctx: StepContext) -> list[Case]:
 
     plans = [
         Plan("a new event is applied", f"receive(con, {show(first)})", "True; inbox row; stock added",
-             both(returns(True), in_transaction_left, inbox_has(first["id"], True))),
+             both(returns(True), no_open_transaction, inbox_has(first["id"], True))),
         Plan("the same event again (a valid duplicate)", f"receive(con, {show(first)})", "False; stock unchanged",
              both(returns(False, "A repeat with the same body is a valid duplicate: return False, change nothing."),
-                  in_transaction_left)),
+                  no_open_transaction)),
         Plan("same id, other content", f"receive(con, {show(changed)})", "Conflict; stock unchanged",
-             both(is_module_exception("Conflict", "Same id with a different body is a Conflict."), in_transaction_left)),
+             both(is_module_exception("Conflict", "Same id with a different body is a Conflict."), no_open_transaction)),
         Plan("another event, same sku", f"receive(con, {show(second)})", f"True; stock {expected_final}",
              both(returns(True), final_stock)),
         Plan("an invalid event", f"receive(con, {show(invalid)})", "ValueError before any write",
              both(raises("ValueError", "Call validate_event first."), inbox_has(invalid["id"], False))),
         Plan("the stock update fails", f"receive(con, {show(jammed)}) with a trigger that aborts the stock write",
              "the original IntegrityError; no inbox row; no open transaction",
-             both(original_error, in_transaction_left, inbox_has(jammed["id"], False),
+             both(original_error, no_open_transaction, inbox_has(jammed["id"], False),
                   stock_is(expected_final, TRANSACTION_HINT))),
     ]
     args = [first, first, changed, second, invalid, jammed]
@@ -467,14 +434,14 @@ def check_mark_sent(ctx: StepContext) -> list[Case]:
     only_target = flags_are(final, "Update only the row with that id: `UPDATE outbox SET sent = 1 WHERE id = ?`.")
     plans = [
         Plan("a pending row", f"mark_sent(con, {target!r})", "True; that row now sent",
-             both(returns(True), in_transaction_left, only_target)),
+             both(returns(True), no_open_transaction, only_target)),
         Plan("the same row again", f"mark_sent(con, {target!r})", "False",
-             both(returns(False, "Already sent → False: the caller learns that nothing changed."), in_transaction_left)),
+             both(returns(False, "Already sent → False: the caller learns that nothing changed."), no_open_transaction)),
         Plan("a row that was sent before", f"mark_sent(con, {already!r})", "False",
-             both(returns(False, "Already sent → False."), in_transaction_left)),
+             both(returns(False, "Already sent → False."), no_open_transaction)),
         Plan("an unknown id", f"mark_sent(con, {unknown!r})", "KeyError; nothing changes",
              both(raises("KeyError", "An id that is not in the outbox is a KeyError, not False."),
-                  in_transaction_left, only_target)),
+                  no_open_transaction, only_target)),
     ]
     args = [target, target, already, unknown]
     specs = [{"name": p.name, "fn": "mark_sent", "args": [encode(a)]} for p, a in zip(plans, args, strict=True)]

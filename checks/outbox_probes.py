@@ -57,21 +57,8 @@ def on_connection(mod, args: dict) -> None:
         values = [decode(a) for a in spec["args"]]
         outcome = probe.call(probe.function(mod, spec["fn"]), con, *values)
         probe.report(spec["name"], outcome, in_transaction=con.in_transaction,
-                     can_write=_other_can_write(args["db"]))
+                     can_write=probe.other_can_write(args["db"]))
     con.close()
-
-
-def _other_can_write(db: str) -> bool:
-    """Can a second connection enter a write transaction right now? (not just a flag)"""
-    other = plain(db, timeout=0.05)
-    try:
-        other.execute("BEGIN IMMEDIATE")
-        other.execute("ROLLBACK")
-        return True
-    except sqlite3.OperationalError:
-        return False
-    finally:
-        other.close()
 
 
 def _row_sent(db: str, event_id: str) -> int | None:
@@ -99,7 +86,7 @@ def dispatching(mod, args: dict) -> None:
             seen.append({
                 "event": encode(copy.deepcopy(event)),
                 "sent_flag": _row_sent(db, event.get("id")) if isinstance(event, dict) else None,
-                "can_write": _other_can_write(db),
+                "can_write": probe.other_can_write(db),
             })
             reply = script.pop(0) if script else {"return": encode(True)}
             if case.get("mutate") and isinstance(event, dict):

@@ -17,7 +17,22 @@ from contextlib import closing
 from pathlib import Path
 
 from labkit import stores
-from labkit.expect import SKELETON_HINT, Miss, Plan, describe, import_problem, judge, value_of
+from labkit.expect import (
+    SKELETON_HINT,
+    TRANSACTION_HINT,
+    Miss,
+    Plan,
+    both,
+    closed_on_error,
+    describe,
+    import_problem,
+    is_module_exception,
+    judge,
+    no_open_transaction,
+    outcome_hint,
+    raises,
+    returns,
+)
 from labkit.feed import Feed, start_feed
 from labkit.judge import LabSpec, StepContext, StepSpec
 from labkit.limits import KILL_EXIT_CODE
@@ -27,9 +42,6 @@ from labkit.verdict import Case, Outcome
 SEQ_MAX = 2_147_483_647
 
 BOOL_HINT = "`True` is an `int` in Python (`isinstance(True, int)` is True): test `type(x) is int`."
-TRANSACTION_HINT = ("Do every write between one `BEGIN IMMEDIATE` and one `COMMIT`, and `ROLLBACK` "
-                    "before re-raising on any error (a `try/except BaseException` around the whole "
-                    "transaction), so no transaction is left open.")
 ORDER_HINT = ("The contract's order, in one transaction: insert the ledger row, update the total, "
               "call fault(), update last, COMMIT.")
 CURSOR_HINT = ("Update the cursor (`last`) after fault(), in the same transaction as the ledger row "
@@ -48,86 +60,6 @@ DB_CLOSE_HINT = ("Close the DB connection on every path: open_store, then `try: 
 
 
 # --- shared helpers ------------------------------------------------------------------------
-
-
-def both(*checks):
-    """All checks must pass; the first miss is reported."""
-
-    def check(record: dict) -> Miss | None:
-        for one in checks:
-            miss = one(record)
-            if miss is not None:
-                return miss
-        return None
-
-    return check
-
-
-def said(outcome: dict) -> str:
-    """Like `describe`, also for the ways an async call can end."""
-    kind = outcome.get("kind")
-    if kind == "hung":
-        return f"was still running after {outcome['seconds']:g} s, so the judge cancelled it"
-    if kind == "cancelled":
-        return "ended with CancelledError"
-    if kind == "not_async":
-        return f"returned {show(decode(outcome['value']))} at once instead of a coroutine"
-    return describe(outcome)
-
-
-def _outcome_hint(outcome: dict, hint: str) -> str:
-    if outcome.get("kind") == "not_async":
-        return "Declare it `async def`: the caller awaits it."
-    if outcome.get("kind") == "hung" and not hint:
-        return "Look for a wait without a timeout."
-    return hint
-
-
-def returns(expected, hint: str = ""):
-    def check(record: dict) -> Miss | None:
-        outcome = record["outcome"]
-        if outcome["kind"] == "returned" and same(value_of(record), expected):
-            return None
-        return Miss(said(outcome), _outcome_hint(outcome, hint))
-
-    return check
-
-
-def raises(name: str, hint: str = ""):
-    """The call must raise `name` or a subclass of it (matched by class name)."""
-
-    def check(record: dict) -> Miss | None:
-        outcome = record["outcome"]
-        if outcome["kind"] == "raised" and name in outcome.get("mro", []):
-            return None
-        return Miss(said(outcome), _outcome_hint(outcome, hint))
-
-    return check
-
-
-def is_module_exception(cls: str, hint: str = ""):
-    """Raised the module's own `cls`, declared as a direct subclass of Exception."""
-
-    def check(record: dict) -> Miss | None:
-        outcome = record["outcome"]
-        if outcome["kind"] != "raised" or outcome["type"] != cls:
-            return Miss(said(outcome), _outcome_hint(outcome, hint))
-        if outcome["bases"] != ["Exception"]:
-            return Miss(f"raised {cls}, but {cls} derives from {outcome['bases']}",
-                        f"Declare `class {cls}(Exception)`: the contract says a direct subclass of Exception.")
-        return None
-
-    return check
-
-
-def no_open_transaction(record: dict) -> Miss | None:
-    seen = record["observed"]
-    if seen.get("in_transaction"):
-        return Miss("the call returned with a transaction still open", TRANSACTION_HINT)
-    if seen.get("can_write") is False:
-        return Miss("afterwards another connection could not BEGIN IMMEDIATE: a write lock was still held",
-                    TRANSACTION_HINT)
-    return None
 
 
 def unchanged_input(record: dict) -> Miss | None:
@@ -357,7 +289,7 @@ def check_store(ctx: StepContext) -> list[Case]:
     def opened(record: dict) -> Miss | None:
         outcome, seen = record["outcome"], record["observed"]
         if outcome["kind"] != "returned" or outcome["value"].get("type") != "Connection":
-            return Miss(said(outcome), "open_store returns the sqlite3.Connection it opened.")
+            return Miss(describe(outcome), "open_store returns the sqlite3.Connection it opened.")
         if seen.get("isolation_level") != encode(None):
             return Miss(f"isolation_level is {show(decode(seen.get('isolation_level', encode(''))))}",
                         "Connect with `isolation_level=None`: the default opens hidden transactions.")
@@ -379,20 +311,11 @@ def check_store(ctx: StepContext) -> list[Case]:
 
     def kept(record: dict) -> Miss | None:
         if record["outcome"]["kind"] != "returned":
-            return Miss(said(record["outcome"]), "Opening an existing store must work.")
+            return Miss(describe(record["outcome"]), "Opening an existing store must work.")
         if stores.fingerprint(saved) != before:
             now = snapshot(saved)
             return Miss(f"the saved store changed: before last {history[-1][0]}, total "
                         f"{sum(d for _, d in history)}; after {shown(now)}", KEEP_HINT)
-        return None
-
-    def closed_on_error(record: dict) -> Miss | None:
-        miss = raises("DatabaseError", "Let sqlite3's own error propagate.")(record)
-        if miss is not None:
-            return miss
-        if record["observed"].get("left_open"):
-            return Miss("raised, but left the connection open",
-                        "If initialisation fails, close the connection, then re-raise the original error.")
         return None
 
     expected_saved = (history[-1][0], sum(d for _, d in history))
@@ -406,7 +329,7 @@ def check_store(ctx: StepContext) -> list[Case]:
         Plan("open_store on a store saved by another process", "open_store(saved store) in a new process",
              f"a connection; the cursor still {expected_saved[0]}, every row unchanged", both(opened, kept)),
         Plan("open_store on a file that is not a database", "open_store(text file)",
-             "sqlite3.DatabaseError; the connection closed", closed_on_error),
+             "sqlite3.DatabaseError; the connection closed", closed_on_error("initialisation")),
         Plan("state of a new store", "state(con) on a store holding (1, -1, 0)", "(-1, 0)",
              both(returns((-1, 0), tuple_hint), no_open_transaction)),
         Plan("state of a saved store", f"state(con) on a store saved at last {expected_saved[0]}",
@@ -453,14 +376,14 @@ def fault_seen(seq: int, before: dict, delta: int):
 def fault_error(record: dict) -> Miss | None:
     outcome = record["outcome"]
     if outcome["kind"] != "raised" or outcome["type"] != "RuntimeError" or not record["observed"].get("same_error"):
-        return Miss(said(outcome), "Let fault()'s own exception propagate after the ROLLBACK (a bare `raise`).")
+        return Miss(describe(outcome), "Let fault()'s own exception propagate after the ROLLBACK (a bare `raise`).")
     return None
 
 
 def jam_error(record: dict) -> Miss | None:
     outcome = record["outcome"]
     if outcome["kind"] != "raised" or "the cursor is jammed" not in outcome.get("message", ""):
-        return Miss(said(outcome), "Re-raise sqlite3's original error (a bare `raise`), don't wrap it.")
+        return Miss(describe(outcome), "Re-raise sqlite3's original error (a bare `raise`), don't wrap it.")
     return None
 
 
@@ -937,7 +860,7 @@ def check_session(ctx: StepContext) -> list[Case]:
 def same_error(hint: str):
     def check(record: dict) -> Miss | None:
         if not record["observed"].get("same_error"):
-            return Miss(said(record["outcome"]), hint)
+            return Miss(describe(record["outcome"]), hint)
         return None
 
     return check
@@ -949,7 +872,7 @@ def within(low: float, high: float, expected: str, hint: str):
     def check(record: dict) -> Miss | None:
         spent = record["observed"].get("seconds")
         if spent is None or not low <= spent <= high:
-            return Miss(f"{said(record['outcome'])} after {spent} s; expected {expected}", hint)
+            return Miss(f"{describe(record['outcome'])} after {spent} s; expected {expected}", hint)
         return None
 
     return check
@@ -957,7 +880,7 @@ def within(low: float, high: float, expected: str, hint: str):
 
 def cancelled(record: dict) -> Miss | None:
     if record["outcome"]["kind"] != "cancelled":
-        return Miss(said(record["outcome"]),
+        return Miss(describe(record["outcome"]),
                     "Let CancelledError propagate: no `except BaseException` or `except CancelledError` that "
                     "swallows it; clean up in `finally`.")
     return None
@@ -1178,7 +1101,7 @@ def raises_any(names: tuple[str, ...], hint: str):
         outcome = record["outcome"]
         if outcome["kind"] == "raised" and any(n in outcome.get("mro", []) for n in names):
             return None
-        return Miss(said(outcome), _outcome_hint(outcome, hint))
+        return Miss(describe(outcome), outcome_hint(outcome, hint))
 
     return check
 
@@ -1319,7 +1242,7 @@ def _process_problem(run, expected: str, timeout: float) -> Miss:
                         Outcome.NOT_IMPLEMENTED)
         if outcome.get("kind") == "missing":
             return Miss("run_client is not defined in your module", "Run every step's cell.", Outcome.MISSING)
-        return Miss(f"run_client {said(outcome)} (exit code {run.exit_code})", expected,
+        return Miss(f"run_client {describe(outcome)} (exit code {run.exit_code})", expected,
                     Outcome.RAISED if outcome.get("kind") == "raised" else Outcome.WRONG)
     if _killed_by_judge(run, timeout):
         return Miss("the client did not finish in time and was killed", "Look for a wait without a timeout.",

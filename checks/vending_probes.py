@@ -50,19 +50,6 @@ def peek(db: str) -> dict | None:
     return {"last": row[0], "total": row[1], "ledger": [list(r) for r in ledger]}
 
 
-def _can_write(db: str) -> bool:
-    """Can a second connection enter a write transaction right now? (not just a flag)"""
-    other = plain(db, timeout=0.05)
-    try:
-        other.execute("BEGIN IMMEDIATE")
-        other.execute("ROLLBACK")
-        return True
-    except sqlite3.OperationalError:
-        return False
-    finally:
-        other.close()
-
-
 # --- step 2: open_store and state --------------------------------------------------------
 
 
@@ -115,7 +102,7 @@ def on_store(mod, args: dict) -> None:
         kwargs = {"fault": fault} if spec.get("fault") else {}
         outcome, error = probe.call_keep(probe.function(mod, spec["fn"]), con, *values, **kwargs)
         probe.report(spec["name"], outcome, in_transaction=con.in_transaction,
-                     after=peek(db), can_write=_can_write(db), faults=faults,
+                     after=peek(db), can_write=probe.other_can_write(db), faults=faults,
                      same_error=bool(raised) and error is raised[-1])
     for con in connections.values():
         con.close()

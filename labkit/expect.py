@@ -15,6 +15,9 @@ from labkit.limits import CHILD_MEMORY_BYTES
 from labkit.values import decode, same, show
 from labkit.verdict import Case, Outcome
 
+TRANSACTION_HINT = ("Do every write between one `BEGIN IMMEDIATE` and one `COMMIT`, and `ROLLBACK` "
+                    "before re-raising on any error (a `try/except BaseException` around the whole "
+                    "transaction), so no transaction is left open.")
 SKELETON_HINT = "Replace `raise NotImplementedError` in this step's cell with your code, run the cell, then run this check again."
 
 
@@ -49,7 +52,77 @@ def describe(outcome: dict) -> str:
         return "still raises NotImplementedError (the skeleton)"
     if kind == "missing":
         return "the function is not defined in your module"
+    # the ways an awaited call can end (async probes report these)
+    if kind == "hung":
+        return f"was still running after {outcome['seconds']:g} s, so the judge cancelled it"
+    if kind == "cancelled":
+        return "ended with CancelledError"
+    if kind == "not_async":
+        return f"returned {show(decode(outcome['value']))} at once instead of a coroutine"
     return str(outcome)
+
+
+def outcome_hint(outcome: dict, hint: str) -> str:
+    """A hint for how the call ended, where that says more than the case's own hint."""
+    if outcome.get("kind") == "not_async":
+        return "Declare it `async def`: the caller awaits it."
+    if outcome.get("kind") == "hung" and not hint:
+        return "Look for a wait without a timeout."
+    return hint
+
+
+def both(*checks: Callable[[dict], Miss | None]) -> Callable[[dict], Miss | None]:
+    """All checks must pass; the first miss is reported."""
+
+    def check(record: dict) -> Miss | None:
+        for one in checks:
+            miss = one(record)
+            if miss is not None:
+                return miss
+        return None
+
+    return check
+
+
+def is_module_exception(cls: str, hint: str = "") -> Callable[[dict], Miss | None]:
+    """Raised the module's own `cls`, declared as a direct subclass of Exception."""
+
+    def check(record: dict) -> Miss | None:
+        outcome = record["outcome"]
+        if outcome["kind"] != "raised" or outcome["type"] != cls:
+            return Miss(describe(outcome), outcome_hint(outcome, hint))
+        if outcome["bases"] != ["Exception"]:
+            return Miss(f"raised {cls}, but {cls} derives from {outcome['bases']}",
+                        f"Declare `class {cls}(Exception)`: the contract says a direct subclass of Exception.")
+        return None
+
+    return check
+
+
+def closed_on_error(what: str) -> Callable[[dict], Miss | None]:
+    """Opening a file that is not a database: sqlite3's own error, and no connection left open."""
+
+    def check(record: dict) -> Miss | None:
+        miss = raises("DatabaseError", "Let sqlite3's own error propagate.")(record)
+        if miss is not None:
+            return miss
+        if record["observed"].get("left_open"):
+            return Miss("raised, but left the connection open",
+                        f"If {what} fails, close the connection, then re-raise the original error.")
+        return None
+
+    return check
+
+
+def no_open_transaction(record: dict) -> Miss | None:
+    """The child saw `con.in_transaction` and tried BEGIN IMMEDIATE from a second connection."""
+    seen = record["observed"]
+    if seen.get("in_transaction"):
+        return Miss("the call returned with a transaction still open", TRANSACTION_HINT)
+    if seen.get("can_write") is False:
+        return Miss("afterwards another connection could not BEGIN IMMEDIATE: a write lock was still held",
+                    TRANSACTION_HINT)
+    return None
 
 
 def returns(expected: Any, hint: str = "") -> Callable[[dict], Miss | None]:
@@ -57,7 +130,7 @@ def returns(expected: Any, hint: str = "") -> Callable[[dict], Miss | None]:
         outcome = record["outcome"]
         if outcome["kind"] == "returned" and same(value_of(record), expected):
             return None
-        return Miss(describe(outcome), hint)
+        return Miss(describe(outcome), outcome_hint(outcome, hint))
 
     return check
 
@@ -69,7 +142,7 @@ def raises(name: str, hint: str = "") -> Callable[[dict], Miss | None]:
         outcome = record["outcome"]
         if outcome["kind"] == "raised" and name in outcome.get("mro", []):
             return None
-        return Miss(describe(outcome), hint)
+        return Miss(describe(outcome), outcome_hint(outcome, hint))
 
     return check
 

@@ -136,3 +136,17 @@ def is_open(con: sqlite3.Connection) -> bool:
         return True
     except sqlite3.ProgrammingError:
         return False
+
+
+def other_can_write(db: str) -> bool:
+    """Can a second connection enter a write transaction right now? (A real lock test, not
+    a flag: `in_transaction` on the student's own connection can't show a lock held elsewhere.)"""
+    other = sqlite3.connect(db, isolation_level=None, timeout=0.05)
+    try:
+        other.execute("BEGIN IMMEDIATE")
+        other.execute("ROLLBACK")
+        return True
+    except sqlite3.OperationalError:
+        return False
+    finally:
+        other.close()
