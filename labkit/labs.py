@@ -7,8 +7,8 @@ import importlib.util
 
 from labkit.judge import LabSpec
 
-LABS = {"outbox": "checks.outbox", "vending": "checks.vending"}
-MODULE_FILES = {"outbox": "worker.py", "vending": "client.py"}
+LABS = {"outbox": "checks.outbox", "vending": "checks.vending", "start-here": "checks.warmup"}
+MODULE_FILES = {"outbox": "worker.py", "vending": "client.py", "start-here": "warmup.py"}
 
 
 def available() -> list[str]:

@@ -1,54 +1,187 @@
-"""A verdict as static HTML: for exported notebooks and feedback pages (no kernel needed)."""
+"""A verdict as static HTML: for exported notebooks and feedback pages (no kernel, no JavaScript).
+
+Everything interactive is plain HTML: a failing case is a `<details>` (the first one open), the
+specific hint sits behind a "more help" `<details>`. The live widget (`labkit.widgets`) shows
+the same parts; the two are kept apart so a page without a kernel still reads well.
+"""
 
 from __future__ import annotations
 
+import re
 from html import escape
 
-from labkit.verdict import Case, LabVerdict, StepVerdict
+from labkit import timeline_svg
+from labkit.verdict import Case, Evidence, LabVerdict, Outcome, StepVerdict
+
+CALM_OUTCOMES = (Outcome.NOT_IMPLEMENTED, Outcome.MISSING, Outcome.NOT_REACHED)
+
+# The first nudge when a hint is a single sentence: what kind of problem this is, per outcome.
+NUDGE = {
+    Outcome.WRONG: "Your code ran, but the result is not what the contract says: compare expected with got.",
+    Outcome.RAISED: "Your code raised an exception the contract does not call for: read the last line of your traceback first.",
+    Outcome.TIMED_OUT: "Your code did not answer in time: something waits or loops without an end.",
+    Outcome.DIED: "The process running your code ended before it could report.",
+    Outcome.IMPORT_FAILED: "Your module does not load, so no case could run.",
+    Outcome.MISSING: "The check could not find this function in your module.",
+    Outcome.NOT_IMPLEMENTED: "This step is still the skeleton.",
+    Outcome.NOT_REACHED: "An earlier case in this step hung or ended the process, so this one did not run.",
+}
 
 STYLE = """
 <style>
-.lk-step{font-family:system-ui,sans-serif;border:1px solid #ccd;border-radius:6px;margin:6px 0;padding:6px 10px;max-width:60em}
+.lk-step{font-family:system-ui,-apple-system,'Segoe UI',Roboto,sans-serif;font-size:13px;color:#263238;border:1px solid #cfd8dc;border-radius:6px;margin:6px 0;padding:6px 10px;max-width:62em;background:#fff}
 .lk-step.passed{border-left:6px solid #2e7d32}.lk-step.failed{border-left:6px solid #c62828}
-.lk-step.not_implemented{border-left:6px solid #9e9e9e}
-.lk-head{font-weight:600}.lk-case{margin:2px 0}.lk-ok{color:#2e7d32}.lk-bad{color:#c62828}.lk-calm{color:#757575}
-.lk-detail{margin:2px 0 6px 1.6em;font-size:90%}.lk-detail dt{font-weight:600;float:left;width:6em}
-.lk-detail dd{margin-left:6.5em;white-space:pre-wrap;font-family:monospace}
-.lk-note{color:#5d4037;margin-top:4px}.lk-faults{font-size:90%;color:#37474f}
+.lk-step.not_implemented{border-left:6px solid #9e9e9e;background:#fafafa}
+.lk-head{font-weight:600;margin-bottom:2px}.lk-badge{display:inline-block;border-radius:10px;padding:0 8px;font-size:12px;margin-left:4px}
+.lk-badge.passed{background:#e8f5e9;color:#1b5e20}.lk-badge.failed{background:#ffebee;color:#b71c1c}.lk-badge.not_implemented{background:#eeeeee;color:#616161}
+.lk-points{color:#607d8b;font-weight:normal;margin-left:6px}
+.lk-oks{display:grid;grid-template-columns:repeat(auto-fill,minmax(22em,1fr));gap:0 12px}
+.lk-case{margin:1px 0}.lk-case>summary{cursor:pointer}.lk-ok{color:#2e7d32}.lk-bad{color:#c62828}.lk-calm{color:#757575}
+.lk-detail{margin:2px 0 4px 1.6em;line-height:1.4}.lk-kv{display:grid;grid-template-columns:5.5em 1fr;gap:0 8px;margin:1px 0}
+.lk-k{font-weight:600;color:#546e7a}.lk-v{white-space:pre-wrap;word-break:break-word;font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12px}
+.lk-nudge{margin:2px 0 2px 1.6em;padding:4px 8px;background:#fffde7;border-left:3px solid #f9a825}
+.lk-more{margin:2px 0 6px 1.6em}.lk-more>summary{cursor:pointer;color:#1565c0}.lk-more div{padding:4px 8px;background:#e3f2fd;border-left:3px solid #1565c0}
+.lk-trace{margin:2px 0 6px 1.6em;font-size:12px;background:#f5f5f5;padding:4px 8px;white-space:pre-wrap}
+.lk-note{color:#5d4037;margin-top:4px}.lk-section{font-weight:600;margin:8px 0 2px;color:#37474f}
+.lk-faults{color:#37474f}.lk-faults ul{margin:2px 0 2px 0;padding-left:1.6em}
+.lk-ladder{border-collapse:collapse;margin:2px 0;font-size:12px}
+.lk-ladder th,.lk-ladder td{border:1px solid #cfd8dc;padding:2px 8px!important;text-align:left!important;vertical-align:top!important}
+.lk-ladder th{background:#eceff1}.lk-foot{color:#90a4ae;font-size:11px;margin-top:4px}
+.lk-progress{font-family:system-ui,-apple-system,'Segoe UI',Roboto,sans-serif;font-size:13px;color:#263238;max-width:40em;margin:4px 0}
+.lk-bar{height:12px;background:#eceff1;border-radius:6px;overflow:hidden;margin:3px 0}.lk-bar>div{height:100%;background:#43a047}
+.lk-quiz{font-family:system-ui,-apple-system,'Segoe UI',Roboto,sans-serif;font-size:13px;color:#263238;max-width:62em}
+.lk-quiz ol{padding-left:1.6em}.lk-quiz .lk-q{font-weight:600;margin-top:8px}
+/* Live in JupyterLab, the widget (.lk-live) replaces this static copy of the same view; without a
+   widget (nbclient, exported HTML, a notebook reopened without its kernel) the static copy stays. */
+.jp-OutputArea-child:has(.lk-pair):has(+ .jp-OutputArea-child .lk-live){display:none}
+.jp-OutputArea-child:has(.lk-pair) + .jp-OutputArea-child:not(:has(.lk-live)){display:none}
 </style>
 """
 
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z`(\"'])")
 
-def _case(case: Case) -> str:
+
+def hint_levels(case: Case) -> tuple[str, str]:
+    """(first nudge, the rest on request). A hint of several sentences gives its first sentence
+    as the nudge; a one-sentence hint comes after a generic nudge for the case's outcome."""
+    hint = case.hint.strip()
+    sentences = [s for s in _SENTENCE_END.split(hint) if s]
+    if len(sentences) > 1:
+        return sentences[0], " ".join(sentences[1:])
+    return NUDGE.get(case.outcome, ""), hint
+
+
+def is_calm(case: Case) -> bool:
+    return case.outcome in CALM_OUTCOMES
+
+
+def step_label(step: StepVerdict) -> str:
+    return f"Step {step.step}" if step.step != "final" else "Final check"
+
+
+STATUS = {"passed": "passed", "failed": "failed", "not_implemented": "not implemented yet"}
+
+
+def _case(case: Case, first_failing: bool) -> str:
     if case.passed:
         return f'<div class="lk-case"><span class="lk-ok">✓</span> {escape(case.name)}</div>'
-    calm = case.outcome in ("not_implemented", "missing", "not_reached")
-    mark = '<span class="lk-calm">·</span>' if calm else '<span class="lk-bad">✗</span>'
-    rows = "".join(
-        f"<dt>{label}</dt><dd>{escape(text)}</dd>"
-        for label, text in (("called", case.called), ("expected", case.expected), ("got", case.got),
-                            ("hint", case.hint), ("traceback", case.trace))
-        if text
-    )
-    return (f'<details class="lk-case" {"" if calm else "open"}><summary>{mark} {escape(case.name)}</summary>'
-            f'<dl class="lk-detail">{rows}</dl></details>')
+    mark = '<span class="lk-calm">·</span>' if is_calm(case) else '<span class="lk-bad">✗</span>'
+    nudge, more = hint_levels(case)
+    parts = [render_facts(case)]
+    if nudge:
+        parts.append(render_nudge(nudge))
+    if more:
+        parts.append(f'<details class="lk-more"><summary>more help</summary><div>{escape(more)}</div></details>')
+    return (f'<details class="lk-case"{" open" if first_failing else ""}><summary>{mark} {escape(case.name)}</summary>'
+            f'{"".join(parts)}</details>')
 
 
-def render_step(step: StepVerdict, with_style: bool = True) -> str:
-    label = f"Step {step.step}" if step.step != "final" else "Final check"
-    status = {"passed": "passed", "failed": "failed", "not_implemented": "not implemented yet"}[step.status]
-    body = [f'<div class="lk-head">{escape(label)} — {escape(step.title)}: {status} '
-            f"({step.points}/{step.max_points})</div>"]
+def render_facts(case: Case) -> str:
+    """What was called, what was expected, what happened (and the student's own traceback)."""
+    rows = "".join(f'<div class="lk-kv"><span class="lk-k">{label}</span><span class="lk-v">{escape(text)}</span></div>'
+                   for label, text in (("called", case.called), ("expected", case.expected), ("got", case.got))
+                   if text)
+    trace = f'<pre class="lk-trace">{escape(case.trace.rstrip())}</pre>' if case.trace else ""
+    return f'<div class="lk-detail">{rows}</div>{trace}'
+
+
+def render_nudge(nudge: str) -> str:
+    return f'<div class="lk-nudge">{escape(nudge)}</div>'
+
+
+def render_ladder(ladder: list[dict]) -> str:
+    if not ladder:
+        return ""
+    rows = "".join(f"<tr><td>{escape(str(r.get('rung', '')))}</td><td>{escape(str(r.get('observed', '')))}</td>"
+                   f"<td>{escape(str(r.get('when', '')))}</td></tr>" for r in ladder)
+    return ('<div class="lk-section">The evidence ladder, as the judge observed it</div>'
+            f'<table class="lk-ladder"><tr><th>rung</th><th>observed</th><th>when</th></tr>{rows}</table>')
+
+
+def render_faults(faults: list[str]) -> str:
+    if not faults:
+        return ""
+    items = "".join(f"<li>{escape(f)}</li>" for f in faults)
+    return f'<div class="lk-faults"><div class="lk-section">Faults injected and seen to take effect</div><ul>{items}</ul></div>'
+
+
+def render_timeline(evidence: Evidence | None) -> str:
+    if evidence is None or not evidence.timeline:
+        return ""
+    return ('<div class="lk-section">The crash timeline</div>'
+            f'<div class="lk-timeline-box" style="overflow-x:auto">{timeline_svg.render(evidence.timeline)}</div>')
+
+
+def render_evidence(evidence: Evidence | None) -> str:
+    """Timeline, ladder, then the faults: a verdict ends with what was really done to the code."""
+    if evidence is None:
+        return ""
+    return render_timeline(evidence) + render_ladder(evidence.ladder) + render_faults(evidence.faults)
+
+
+def render_head(step: StepVerdict) -> str:
+    return (f'<div class="lk-head">{escape(step_label(step))} — {escape(step.title)} '
+            f'<span class="lk-badge {step.status}">{STATUS[step.status]}</span>'
+            f'<span class="lk-points">{step.points}/{step.max_points} points</span></div>')
+
+
+def render_cases(step: StepVerdict) -> str:
     if step.status == "not_implemented":
-        body.append('<div class="lk-calm">Not implemented yet: replace <code>raise NotImplementedError</code> '
-                    "in the step's cell, run it, then run this check again.</div>")
-    else:
-        body += [_case(c) for c in step.cases]
+        return ('<div class="lk-calm">Not implemented yet: replace <code>raise NotImplementedError</code> '
+                "in the step's cell, run it, then run this check again.</div>")
+    first = next((i for i, c in enumerate(step.cases) if not c.passed), None)
+    out = []
+    for group in case_groups(step.cases):
+        if group[0][1].passed:
+            out.append(render_oks([c for _, c in group]))
+        else:
+            out += [_case(c, i == first) for i, c in group]
+    return "".join(out)
+
+
+def render_oks(cases: list[Case]) -> str:
+    """Passing cases: one short row each, in a compact grid."""
+    return '<div class="lk-oks">' + "".join(_case(c, False) for c in cases) + "</div>"
+
+
+def case_groups(cases: list[Case]) -> list[list[tuple[int, Case]]]:
+    """Runs of passing cases (shown as a compact grid) and runs of failing ones, in order."""
+    groups: list[list[tuple[int, Case]]] = []
+    for index, case in enumerate(cases):
+        if groups and groups[-1][0][1].passed == case.passed:
+            groups[-1].append((index, case))
+        else:
+            groups.append([(index, case)])
+    return groups
+
+
+def render_step(step: StepVerdict, with_style: bool = True, seed: int | None = None) -> str:
+    body = [render_head(step), render_cases(step)]
     if step.note:
         body.append(f'<div class="lk-note">{escape(step.note)}</div>')
-    if step.evidence and step.evidence.faults:
-        items = "".join(f"<li>{escape(f)}</li>" for f in step.evidence.faults)
-        body.append(f'<div class="lk-faults">Faults injected and seen to take effect:<ul>{items}</ul></div>')
+    body.append(render_evidence(step.evidence))
+    if seed is not None:
+        body.append(f'<div class="lk-foot">seed {seed} · {step.seconds:.1f} s</div>')
     html = f'<div class="lk-step {step.status}">{"".join(body)}</div>'
     return (STYLE + html) if with_style else html
 

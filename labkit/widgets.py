@@ -1,0 +1,168 @@
+"""The live views in JupyterLab (ipywidgets): a verdict panel, the progress bar, the quiz.
+
+Each view carries the class `lk-live`; `display` shows it next to a static text/HTML copy of
+the same view, which the page hides while the live view is rendered (see `render_html.STYLE`).
+The pieces of HTML inside the widgets come from `render_html`, so both copies say the same.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from html import escape
+
+import ipywidgets as W
+
+from labkit import render_html
+from labkit.progress import Progress
+from labkit.quiz import LETTERS
+from labkit.verdict import Case, StepVerdict
+
+WIDGET_STYLE = """
+<style>
+.lk-live.lk-step{display:flex}
+.lk-live .widget-html-content{line-height:1.45}
+.lk-live .widget-html{margin-top:1px;margin-bottom:1px}
+.lk-toggle.jupyter-button{background:transparent;border:0;box-shadow:none;padding:0 2px;margin:0;height:auto;
+  line-height:1.7;font-size:13px;justify-content:flex-start;text-align:left;white-space:normal;max-width:100%}
+.lk-toggle.jupyter-button:hover{box-shadow:none;text-decoration:underline}
+.lk-toggle.jupyter-button:focus{outline:1px dotted #90a4ae}
+.lk-morebtn.jupyter-button{background:#e3f2fd;color:#1565c0;border:1px solid #90caf9;height:24px;font-size:12px;
+  margin:2px 0 4px 1.6em;width:auto;padding:0 10px}
+.lk-option.jupyter-button{height:auto;white-space:normal;text-align:left;justify-content:flex-start;
+  line-height:1.4;padding:4px 10px;margin:2px 0;width:100%;max-width:56em;font-size:13px}
+.lk-live.lk-quiz{max-width:62em}
+.lk-progress-live .widget-progress{max-width:28em}
+</style>
+"""
+
+
+def _html(value: str, *classes: str, **layout) -> W.HTML:
+    widget = W.HTML(value, layout=W.Layout(**layout) if layout else W.Layout())
+    for name in classes:
+        widget.add_class(name)
+    return widget
+
+
+def _toggle_display(widget: W.Widget, shown: bool) -> None:
+    widget.layout.display = "" if shown else "none"
+
+
+def case_row(case: Case, expanded: bool) -> W.VBox:
+    """A failing case: a row that expands to called / expected / got, a nudge, and more help."""
+    calm = render_html.is_calm(case)
+    mark = "·" if calm else "✗"
+    toggle = W.Button(description=f"{'▾' if expanded else '▸'} {mark} {case.name}", tooltip="show / hide details",
+                      layout=W.Layout(width="auto", align_self="flex-start"))
+    toggle.add_class("lk-toggle")
+    toggle.style.text_color = "#757575" if calm else "#c62828"
+    parts: list[W.Widget] = [_html(render_html.render_facts(case))]
+    nudge, more = render_html.hint_levels(case)
+    if nudge:
+        parts.append(_html(render_html.render_nudge(nudge)))
+    if more:
+        more_box = _html(f'<div class="lk-more"><div>{escape(more)}</div></div>', "lk-hint-more", display="none")
+        button = W.Button(description="more help", icon="life-ring", tooltip="show the specific hint",
+                          layout=W.Layout(width="auto", align_self="flex-start"))
+        button.add_class("lk-morebtn")
+
+        def reveal(_):
+            _toggle_display(more_box, True)
+            _toggle_display(button, False)
+
+        button.on_click(reveal)
+        parts += [button, more_box]
+    detail = W.VBox(parts, layout=W.Layout(display="" if expanded else "none"))
+    detail.add_class("lk-case-detail")
+
+    def flip(_):
+        shown = detail.layout.display == "none"
+        _toggle_display(detail, shown)
+        toggle.description = f"{'▾' if shown else '▸'} {mark} {case.name}"
+
+    toggle.on_click(flip)
+    row = W.VBox([toggle, detail])
+    row.add_class("lk-case-row")
+    return row
+
+
+def verdict_panel(step: StepVerdict, seed: int | None = None) -> W.VBox:
+    """One compact panel per checked step; the final check also shows its timeline and ladder."""
+    children: list[W.Widget] = [_html(render_html.STYLE + WIDGET_STYLE + render_html.render_head(step))]
+    if step.status == "not_implemented":
+        children.append(_html(render_html.render_cases(step)))
+    else:
+        first = next((i for i, c in enumerate(step.cases) if not c.passed), None)
+        for group in render_html.case_groups(step.cases):
+            if group[0][1].passed:
+                children.append(_html(render_html.render_oks([c for _, c in group])))
+            else:
+                children += [case_row(c, i == first) for i, c in group]
+    if step.note:
+        children.append(_html(f'<div class="lk-note">{escape(step.note)}</div>'))
+    evidence = render_html.render_evidence(step.evidence)
+    if evidence:
+        children.append(_html(evidence))
+    if seed is not None:
+        children.append(_html(f'<div class="lk-foot">seed {seed} · {step.seconds:.1f} s</div>'))
+    panel = W.VBox(children)
+    for name in ("lk-live", "lk-step", step.status):
+        panel.add_class(name)
+    return panel
+
+
+class ProgressBar:
+    """The notebook's progress: a bar that fills as steps pass, updated in place by each check."""
+
+    def __init__(self, progress: Progress) -> None:
+        self.title = W.HTML()
+        self.bar = W.IntProgress(min=0, max=max(len(progress.steps), 1), bar_style="success",
+                                 layout=W.Layout(width="28em"))
+        self.marks = W.HTML()
+        self.view = W.VBox([_html(render_html.STYLE + WIDGET_STYLE), self.title, self.bar, self.marks])
+        for name in ("lk-live", "lk-progress-live"):
+            self.view.add_class(name)
+        self.update(progress)
+
+    def update(self, progress: Progress) -> None:
+        self.bar.max = max(len(progress.steps), 1)
+        self.bar.value = progress.passed
+        self.title.value = (f'<div class="lk-progress"><b>Your progress in lab {escape(progress.lab)}</b> — '
+                            f'<span class="lk-progress-summary">{escape(progress.summary())}</span></div>')
+        self.marks.value = progress.marks_html()
+
+
+def quiz_panel(lab: str, questions: list[dict], saved: dict[str, dict],
+               answer: Callable[[str, int], dict]) -> W.VBox:
+    """Multiple choice; once answered, every option shows why it is right or wrong."""
+    children: list[W.Widget] = [_html(render_html.STYLE + WIDGET_STYLE + f"<b>Quiz — lab {escape(lab)}</b>")]
+    for number, question in enumerate(questions, 1):
+        children.append(_html(f'<div class="lk-q">{number}. {escape(question["question"])}</div>', "lk-quiz"))
+        buttons = []
+        explanation = _html("", "lk-quiz-why")
+
+        def show(chosen: int, buttons=buttons, question=question, explanation=explanation) -> None:
+            for i, (button, option) in enumerate(zip(buttons, question["options"], strict=True)):
+                button.button_style = "success" if option["correct"] else ("danger" if i == chosen else "")
+            explanation.value = ('<div class="lk-quiz"><ol type="a" style="margin:2px 0 8px">' + "".join(
+                f'<li style="color:{"#1b5e20" if o["correct"] else "#b71c1c"}">'
+                f'{"✓" if o["correct"] else "✗"}{" <b>your answer</b>" if i == chosen else ""} '
+                f'<span style="color:#263238">{escape(o["why"])}</span></li>'
+                for i, o in enumerate(question["options"])) + "</ol></div>")
+
+        for index, option in enumerate(question["options"]):
+            button = W.Button(description=f"{LETTERS[index]}) {option['text']}", layout=W.Layout(width="auto"))
+            button.add_class("lk-option")
+
+            def choose(_, qid=question["id"], index=index, show=show) -> None:
+                answer(qid, index)
+                show(index)
+
+            button.on_click(choose)
+            buttons.append(button)
+        children += buttons + [explanation]
+        if question["id"] in saved and saved[question["id"]].get("choice") is not None:
+            show(int(saved[question["id"]]["choice"]))
+    panel = W.VBox(children)
+    for name in ("lk-live", "lk-quiz"):
+        panel.add_class(name)
+    return panel
