@@ -1146,7 +1146,8 @@ def check_crash(ctx: StepContext) -> list[Case]:
     j2 = [e for e in journal if e["conn"] in conns2]
     _timeline_process(timeline, "client #1", first, kill, ctx.timeout)
     _timeline_process(timeline, "client #2", second, None, ctx.timeout)
-    _timeline_feed(timeline, journal, conns1, conns2)
+    once = after_all is not None and after_all["total"] == total and after_kill is not None
+    _timeline_feed(timeline, journal, conns1, conns2, kill if once else None)
     timeline.append({"t": t_kill, "actor": "store", "kind": "snapshot", "text": "after client #1: " + shown(after_kill)})
     timeline.append({"t": t_end, "actor": "store", "kind": "snapshot", "text": "after client #2: " + shown(after_all)})
     timeline.sort(key=lambda e: e["t"])
@@ -1270,10 +1271,17 @@ def _timeline_process(timeline: list[dict], label: str, run, kill: int | None, t
                                                              if _killed_by_judge(run, timeout) else "")})
 
 
-def _timeline_feed(timeline: list[dict], journal: list[dict], conns1: set[int], conns2: set[int]) -> None:
+def _timeline_feed(timeline: list[dict], journal: list[dict], conns1: set[int], conns2: set[int],
+                   recognised: int | None = None) -> None:
+    """The feed's journal as timeline events. `recognised`: the killed seq, when the judge saw
+    it counted once although client #2 got it again — its ACK is marked as a duplicate."""
     owner = {**{c: "client #1" for c in conns1}, **{c: "client #2" for c in conns2}}
     for e in journal:
         who = owner.get(e["conn"], "unknown client")
+        if e["kind"] == "ack" and who == "client #2" and e.get("seq") == recognised:
+            timeline.append({"t": e["t"], "actor": "feed", "kind": "duplicate",
+                             "text": f"[{who}] ← ACK {recognised}: a resent seq the ledger already held, counted once"})
+            continue
         text = {
             "connect": f"connection {e['conn']} from {who}",
             "resume": f"← RESUME {e.get('last')}",

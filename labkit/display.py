@@ -10,12 +10,9 @@ reopened without its kernel.
 
 from __future__ import annotations
 
-import dataclasses
-
 from labkit import progress as progress_mod
 from labkit import render_html, render_text
-from labkit.timeline_svg import is_duplicate, is_kill, lanes, rows
-from labkit.verdict import Evidence, LabVerdict, StepVerdict
+from labkit.verdict import LabVerdict, StepVerdict
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
@@ -49,48 +46,9 @@ def show(text: str, html: str, live=None, display_id: str | None = None) -> None
 # --- verdicts ---------------------------------------------------------------------------
 
 
-def timeline_text(timeline: list[dict]) -> str:
-    if not timeline:
-        return ""
-    events = rows(timeline)
-    width = max(len(a) for a in lanes(timeline))
-    t0 = events[0].t
-    lines = ["  crash timeline (time runs down):"]
-    for e in events:
-        mark = "✕ KILLED " if is_kill(e.kind) else ("◆ DUPLICATE RECOGNISED " if is_duplicate(e.kind, e.text) else "")
-        offset = f"+{e.t - t0:.3f}"
-        lines.append(f"    {offset:>8} s  {e.actor:<{width}}  {mark}{e.text}")
-    return "\n".join(lines)
-
-
-def ladder_text(ladder: list[dict]) -> str:
-    if not ladder:
-        return ""
-    width = max(len(str(r.get("rung", ""))) for r in ladder)
-    lines = ["  evidence ladder (as the judge observed it):"]
-    lines += [f"    {str(r.get('rung', '')):<{width}}  {r.get('observed', '')}  [{r.get('when', '')}]" for r in ladder]
-    return "\n".join(lines)
-
-
-def faults_text(faults: list[str]) -> str:
-    if not faults:
-        return ""
-    return "\n".join(["  faults injected and seen to take effect:"] + [f"    - {f}" for f in faults])
-
-
-def evidence_text(evidence: Evidence | None) -> str:
-    if evidence is None:
-        return ""
-    parts = [timeline_text(evidence.timeline), ladder_text(evidence.ladder), faults_text(evidence.faults)]
-    return "\n".join(p for p in parts if p)
-
-
 def step_text(step: StepVerdict, seed: int | None = None) -> str:
-    """render_text's verdict, with the evidence (timeline, ladder, then faults) at the end."""
-    text = render_text.render_step(dataclasses.replace(step, evidence=None))
-    extra = evidence_text(step.evidence)
     tail = f"(seed {seed})" if seed is not None else ""
-    return "\n".join(p for p in (text, extra, tail) if p)
+    return "\n".join(p for p in (render_text.render_step(step), tail) if p)
 
 
 def show_step(step: StepVerdict, seed: int | None = None) -> None:
@@ -111,7 +69,7 @@ def show_problem(message: str) -> None:
 
 
 def show_ladder(ladder: list[dict], seed: int | None = None) -> None:
-    text = ladder_text(ladder) + (f"\n(from the final check with seed {seed})" if seed is not None else "")
+    text = render_text.ladder_text(ladder) + (f"\n(from the final check with seed {seed})" if seed is not None else "")
     html = render_html.render_ladder(ladder)
     if seed is not None:
         html += f'<div class="lk-foot">from the final check with seed {seed}</div>'

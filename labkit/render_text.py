@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import textwrap
 
-from labkit.verdict import Case, LabVerdict, Outcome, StepVerdict
+from labkit.timeline_svg import is_duplicate, is_kill, lanes, rows
+from labkit.verdict import Case, Evidence, LabVerdict, Outcome, StepVerdict
 
 MARK = {True: "✓", False: "✗"}
 CALM = {Outcome.NOT_IMPLEMENTED: "·", Outcome.MISSING: "·", Outcome.NOT_REACHED: "·"}
@@ -33,10 +34,46 @@ def render_step(step: StepVerdict, brief_not_implemented: bool = True) -> str:
             lines += case_lines(case)
     if step.note:
         lines.append("  note: " + step.note)
-    if step.evidence and step.evidence.faults:
-        lines.append("  faults injected and seen to take effect:")
-        lines += [f"    - {fault}" for fault in step.evidence.faults]
+    evidence = evidence_text(step.evidence)
+    if evidence:
+        lines.append(evidence)
     return "\n".join(lines)
+
+
+def timeline_text(timeline: list[dict]) -> str:
+    if not timeline:
+        return ""
+    events = rows(timeline)
+    width = max(len(a) for a in lanes(timeline))
+    t0 = events[0].t
+    lines = ["  crash timeline (time runs down):"]
+    for e in events:
+        mark = "✕ KILLED " if is_kill(e.kind) else ("◆ DUPLICATE RECOGNISED " if is_duplicate(e.kind, e.text) else "")
+        offset = f"+{e.t - t0:.3f}"
+        lines.append(f"    {offset:>8} s  {e.actor:<{width}}  {mark}{e.text}")
+    return "\n".join(lines)
+
+
+def ladder_text(ladder: list[dict]) -> str:
+    if not ladder:
+        return ""
+    width = max(len(str(r.get("rung", ""))) for r in ladder)
+    lines = ["  evidence ladder (as the judge observed it):"]
+    lines += [f"    {str(r.get('rung', '')):<{width}}  {r.get('observed', '')}  [{r.get('when', '')}]" for r in ladder]
+    return "\n".join(lines)
+
+
+def faults_text(faults: list[str]) -> str:
+    if not faults:
+        return ""
+    return "\n".join(["  faults injected and seen to take effect:"] + [f"    - {f}" for f in faults])
+
+
+def evidence_text(evidence: Evidence | None) -> str:
+    if evidence is None:
+        return ""
+    parts = [timeline_text(evidence.timeline), ladder_text(evidence.ladder), faults_text(evidence.faults)]
+    return "\n".join(p for p in parts if p)
 
 
 def render_lab(verdict: LabVerdict) -> str:
