@@ -1,0 +1,295 @@
+"""Grade a batch: find the submissions, skip what is already graded, run the rest in parallel.
+
+Each submission is graded by its own worker process (`labkit.grading.worker`), so one that
+hangs, crashes or eats memory cannot delay or lose another's grade. A worker that overruns
+its hard limit is killed with everything it started; its grade is then built from whatever
+it had finished. The gradebook is rebuilt from the per-submission result files at the end,
+so a rerun after an interruption continues where it stopped and never counts twice.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import multiprocessing
+import multiprocessing.connection
+import os
+import random
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from labkit import labs, reaper
+from labkit.grading import gradebook, record, sandbox, submissions
+from labkit.grading.settings import (
+    CRASHED,
+    EXECUTED,
+    FEEDBACK,
+    JOB_MARKER,
+    TIMEOUT,
+    WORK,
+    Limits,
+    release_dir,
+)
+
+
+class BatchUsageError(Exception):
+    """Bad arguments: the command exits 2 with this message."""
+
+
+@dataclass
+class Batch:
+    out: Path
+    seed: int
+    jobs: int
+    force: bool
+    limits: Limits = field(default_factory=Limits.from_env)
+    private_fs: bool = False  # kernels see a read-only filesystem but for their own dir
+
+
+def _lock(out: Path):
+    fh = open(out / ".lock", "w")  # held (and locked) for the whole run
+    try:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        fh.close()
+        raise BatchUsageError(f"another `grade` run is writing to {out}") from None
+    return fh
+
+
+def _running_file(out: Path, key: str) -> Path:
+    return gradebook.results_dir(out) / f"{key}.running"
+
+
+def clean_stale(out: Path) -> int:
+    """Kill and remove what an interrupted earlier run left: processes, work dirs, temp files."""
+    folder = gradebook.results_dir(out)
+    killed = 0
+    for path in folder.glob("*.running") if folder.is_dir() else []:
+        try:
+            marker = json.loads(path.read_text())["marker"]
+        except (OSError, ValueError, KeyError):
+            marker = None
+        if marker:
+            killed += sandbox.kill_tagged(JOB_MARKER, marker) + reaper.kill_marked(marker)
+        path.unlink(missing_ok=True)
+    for partial in folder.glob("*.verdict") if folder.is_dir() else []:
+        partial.unlink(missing_ok=True)
+    shutil.rmtree(out / WORK, ignore_errors=True)
+    for sub in (gradebook.results_dir(out), out / FEEDBACK, out / EXECUTED):
+        for tmp in sub.rglob(".*.tmp") if sub.is_dir() else []:
+            tmp.unlink(missing_ok=True)
+    return killed
+
+
+def batch_seed(out: Path, seed: int | None) -> int:
+    """--seed, else the seed this DIR was first graded with (a resumed batch keeps its cases)."""
+    state = gradebook.results_dir(out) / "batch.state"
+    if seed is None:
+        try:
+            seed = int(json.loads(state.read_text())["seed"])
+        except (OSError, ValueError, KeyError, TypeError):
+            seed = random.randrange(1, 2**31)
+    gradebook.write_atomic(state, json.dumps({"seed": seed}))
+    return seed
+
+
+def _shown(path: Path) -> str:
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def make_job(sub: submissions.Submission, batch: Batch, known: dict) -> dict:
+    release = known.get(sub.lab) if sub.lab else None
+    return {"student": sub.student, "path": str(sub.path), "notebook": _shown(sub.path),
+            "sha256": sub.sha256, "lab": sub.lab, "flags": list(sub.flags), "key": sub.key,
+            "release": str(release.path) if release else None, "seed": batch.seed,
+            "out": str(batch.out), "problem": sub.problem, "private_fs": batch.private_fs}
+
+
+def already_graded(job: dict, batch: Batch, explicit_seed: int | None) -> bool:
+    if batch.force:
+        return False
+    result = gradebook.read_result(gradebook.result_path(batch.out, job["key"]))
+    if result is None or result.get("sha256") != job["sha256"]:
+        return False
+    return explicit_seed is None or not job["lab"] or result.get("seed") == explicit_seed
+
+
+@dataclass
+class Running:
+    job: dict
+    proc: multiprocessing.Process
+    started: float
+    deadline: float
+    log: Path
+
+
+def _context():
+    """Workers fork from a forkserver that imported everything once (see `warm`)."""
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["labkit.grading.warm"])
+    return ctx
+
+
+def _worker_entry(job: dict, log: str) -> None:
+    from labkit.grading import worker  # already imported in the forkserver; slow to import here
+
+    worker.entry(job, log)
+
+
+def start_worker(ctx, job: dict, batch: Batch) -> Running:
+    out, key = batch.out, job["key"]
+    job = {**job, "marker": reaper.new_marker()}
+    gradebook.write_atomic(_running_file(out, key), json.dumps({"marker": job["marker"], "key": key}))
+    log = gradebook.results_dir(out) / f"{key}.log"
+    proc = ctx.Process(target=_worker_entry, args=(job, str(log)), name=f"grade-{key}")
+    proc.start()
+    now = time.monotonic()
+    return Running(job, proc, now, now + batch.limits.notebook_timeout + batch.limits.worker_grace, log)
+
+
+def collect(run: Running, batch: Batch) -> dict:
+    """After a worker ended (or overran): kill what is left, and return its result, or a fallback."""
+    job, out = run.job, batch.out
+    status, message = None, ""
+    if run.proc.exitcode is None:
+        run.proc.kill()
+        status = TIMEOUT
+        limit = run.deadline - run.started
+        message = f"Grading this notebook took over {limit:g} s and was stopped."
+    run.proc.join()
+    sandbox.kill_tagged(JOB_MARKER, job["marker"])
+    reaper.kill_marked(job["marker"])
+    shutil.rmtree(out / WORK / job["key"], ignore_errors=True)
+    result = gradebook.read_result(gradebook.result_path(out, job["key"]))
+    if result is not None and result.get("marker") == job["marker"]:
+        run.log.unlink(missing_ok=True)  # kept only when the worker itself failed
+    else:
+        if status is None:  # a bug in the grader, not the student's doing: the log stays for us
+            status = CRASHED
+            message = (f"The grader failed on this notebook (worker exit {run.proc.exitcode}); "
+                       f"its log is {run.log}.")
+        result = record.fallback(job, status, message, time.monotonic() - run.started)
+    _running_file(out, job["key"]).unlink(missing_ok=True)
+    run.proc.close()
+    return result
+
+
+def stop_all(active: list[Running]) -> None:
+    for run in active:
+        if run.proc.exitcode is None:
+            run.proc.kill()
+    for run in active:
+        run.proc.join()
+        sandbox.kill_tagged(JOB_MARKER, run.job["marker"])
+        reaper.kill_marked(run.job["marker"])
+
+
+class Progress:
+    """A tqdm bar on a terminal, one plain line per submission otherwise."""
+
+    def __init__(self, total: int):
+        self.total, self.done = total, 0
+        self.bar = None
+        if sys.stderr.isatty() and total:
+            from tqdm import tqdm
+
+            size = shutil.get_terminal_size()  # falls back to 80x24 where a pty reports 0x0
+            self.bar = tqdm(total=total, unit="notebook", ncols=size.columns, nrows=size.lines,
+                            file=sys.stderr)
+
+    def update(self, row: dict) -> None:
+        self.done += 1
+        line = (f"{row['student']} {row['lab'] or row['notebook']}: {row['total']}/{row['max']} "
+                f"{row['status']}" + (f" [{', '.join(row['flags'])}]" if row["flags"] else "")
+                + f" ({row['seconds']:.1f} s)")
+        if self.bar is not None:
+            self.bar.set_postfix_str(line[:40], refresh=False)
+            self.bar.update(1)
+        else:
+            print(f"[{self.done}/{self.total}] {line}", flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def run(paths: list[Path], out: Path, jobs: int | None, seed: int | None, force: bool) -> int:
+    if jobs is not None and jobs < 1:
+        raise BatchUsageError("--jobs must be at least 1")
+    out = out.resolve()
+    if out.exists() and not out.is_dir():
+        raise BatchUsageError(f"--out {out} is a file, not a folder")
+    try:
+        found = submissions.find(paths, exclude=out)
+    except FileNotFoundError as exc:
+        raise BatchUsageError(f"no such file or folder: {exc.args[0]}") from None
+    if not found:
+        raise BatchUsageError("no notebooks (*.ipynb) found in " + ", ".join(map(str, paths)))
+    out.mkdir(parents=True, exist_ok=True)
+    lock = _lock(out)
+    try:
+        return _run_locked(found, out, jobs or len(os.sched_getaffinity(0)) or 1, seed, force)
+    finally:
+        lock.close()
+
+
+def _run_locked(found, out: Path, jobs: int, seed: int | None, force: bool) -> int:
+    started = time.monotonic()
+    reaper.become_subreaper()
+    clean_stale(out)
+    known = submissions.releases(release_dir())
+    lab_names = labs.available()
+    for sub in found:
+        submissions.examine(sub, known, lab_names)
+    chosen = submissions.one_per_lab(found, known)
+    batch = Batch(out, batch_seed(out, seed), jobs, force)
+    batch.private_fs = os.environ.get("LABKIT_GRADE_PRIVATE_FS", "1") != "0" and sandbox.private_fs_available()
+    all_jobs = [make_job(sub, batch, known) for sub in chosen]
+    todo = [job for job in all_jobs if not already_graded(job, batch, seed)]
+    skipped = len(all_jobs) - len(todo)
+    todo.sort(key=lambda j: (j["lab"] is not None, j["key"]))  # malformed files take no time
+    print(f"grading {len(todo)} notebook(s) with {jobs} job(s), seed {batch.seed}"
+          + (f"; {skipped} already graded (--force regrades)" if skipped else ""), flush=True)
+    progress = Progress(len(todo))
+    queue, active = list(todo), []
+    ctx = _context() if any(job["lab"] for job in todo) else None
+    try:
+        while queue or active:
+            while queue and len(active) < batch.jobs:
+                job = queue.pop(0)
+                if job["lab"]:
+                    active.append(start_worker(ctx, job, batch))
+                else:
+                    progress.update(record.malformed({**job, "marker": None}, job["problem"])["row"])
+            if not active:
+                continue
+            timeout = max(0.0, min(run.deadline for run in active) - time.monotonic())
+            multiprocessing.connection.wait([run.proc.sentinel for run in active], timeout=timeout)
+            for run in list(active):
+                if run.proc.exitcode is not None or time.monotonic() > run.deadline:
+                    active.remove(run)
+                    progress.update(collect(run, batch)["row"])
+    except BaseException:
+        stop_all(active)
+        gradebook.write_gradebook(out)
+        raise
+    finally:
+        progress.close()
+    try:
+        (out / WORK).rmdir()
+    except OSError:
+        pass
+    rows = gradebook.write_gradebook(out)
+    counts: dict[str, int] = {}
+    for row in rows:
+        counts[row["status"]] = counts.get(row["status"], 0) + 1
+    summary = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+    print(f"{len(rows)} row(s) in {out / 'grades.csv'} ({summary}); feedback in {out / FEEDBACK} "
+          f"({time.monotonic() - started:.1f} s)", flush=True)
+    return 0

@@ -1,0 +1,70 @@
+"""Every limit and default the grader uses, declared once.
+
+Each can be overridden by an environment variable (tests shorten the timeouts); the
+`grade` command-line contract stays as it is.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _env(name: str, default: float) -> float:
+    try:
+        return float(os.environ.get(name) or default)
+    except ValueError:
+        return default
+
+
+@dataclass(frozen=True)
+class Limits:
+    # One cell may run this long; then the kernel is interrupted, and killed if that fails.
+    cell_timeout: float = 60.0
+    # Executing one notebook may take this long in all (kernel start included).
+    notebook_timeout: float = 300.0
+    # Extra time the worker gets on top of the notebook and the judge before it is killed.
+    worker_grace: float = 120.0
+    # Address space of the kernel (an idle ipykernel maps about 740 MB).
+    kernel_memory: int = 2 * 1024**3
+    # Largest file the kernel may write.
+    kernel_file_size: int = 256 * 1024**2
+    # Outputs kept in the saved executed notebook: per cell, and for the whole notebook.
+    cell_output_bytes: int = 200 * 1024
+    notebook_output_bytes: int = 4 * 1024**2
+
+    @classmethod
+    def from_env(cls) -> Limits:
+        base = cls()
+        return cls(
+            cell_timeout=_env("LABKIT_GRADE_CELL_TIMEOUT", base.cell_timeout),
+            notebook_timeout=_env("LABKIT_GRADE_NOTEBOOK_TIMEOUT", base.notebook_timeout),
+            worker_grace=_env("LABKIT_GRADE_WORKER_GRACE", base.worker_grace),
+            kernel_memory=int(_env("LABKIT_GRADE_KERNEL_MEMORY", base.kernel_memory)),
+            kernel_file_size=base.kernel_file_size,
+            cell_output_bytes=int(_env("LABKIT_GRADE_CELL_OUTPUT", base.cell_output_bytes)),
+            notebook_output_bytes=int(_env("LABKIT_GRADE_NOTEBOOK_OUTPUT", base.notebook_output_bytes)),
+        )
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def release_dir() -> Path:
+    """Where the released notebooks are (`notebooks/NN-lab.ipynb`); tests may point elsewhere."""
+    return Path(os.environ.get("LABKIT_RELEASE_DIR") or ROOT / "notebooks")
+
+
+# Result files, working dirs and the gradebook inside the --out directory.
+RESULTS = ".results"
+WORK = ".work"
+FEEDBACK = "feedback"
+EXECUTED = "executed"
+# Every process started for one submission carries this variable (the judge's children too, which
+# get their own LABKIT_RUN marker): what a killed worker left behind is found by it.
+JOB_MARKER = "LABKIT_GRADE_JOB"
+# Statuses of a row.
+OK, TIMEOUT, CRASHED, MALFORMED = "ok", "timeout", "crashed", "malformed"

@@ -1,0 +1,502 @@
+"""`python -m labkit grade`: restore, execute, score out of the kernel, contain, record, resume.
+
+The corpus (`tests/submissions/corpus.py`) is built from the released notebook and the
+reference module; each submission says which grade it deserves. The reference's own points
+come from `python -m labkit check --seed` on the same seed, which also shows that a grade
+replays exactly.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from labkit.grading import gradebook
+from labkit.grading.restore import restore
+from labkit.grading.submissions import (
+    NotANotebook,
+    Release,
+    Submission,
+    identify,
+    one_per_lab,
+    read_notebook,
+)
+from labkit.module_export import assemble, parts_from_notebook
+from tests.submissions import corpus
+
+ROOT = Path(__file__).resolve().parents[1]
+SEED = 4242
+TOKEN_VAR = "LABKIT_GRADING_TEST_TOKEN"
+SOURCES = corpus.default_sources(ROOT)
+needs_release = pytest.mark.skipif(SOURCES is None, reason="no released lab notebook with a labelled "
+                                   "reference module yet (run `python -m labkit.build`)")
+
+
+def grader_env(tmp: Path, token: str) -> dict[str, str]:
+    env = dict(os.environ)
+    for name in ("JUPYTER_CONFIG_DIR", "JUPYTER_DATA_DIR", "JUPYTER_RUNTIME_DIR"):
+        (tmp / name.lower()).mkdir(parents=True, exist_ok=True)
+        env[name] = str(tmp / name.lower())
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env.update({
+        TOKEN_VAR: token,  # inherited by every process the grader starts: leftovers are found by it
+        "LABKIT_GRADE_CELL_TIMEOUT": "5",
+        "LABKIT_GRADE_NOTEBOOK_TIMEOUT": "90",
+        "LABKIT_GRADE_KERNEL_MEMORY": str(1200 * 2**20),
+    })
+    return env
+
+
+def grade_cmd(*args: str | Path) -> list[str]:
+    return [sys.executable, "-m", "labkit", "grade", *map(str, args)]
+
+
+def survivors(token: str, wait: float = 5.0) -> list[str]:
+    """Command lines of processes still carrying the test's token (waits a little for exits)."""
+    needle = f"{TOKEN_VAR}={token}".encode()
+    deadline = time.monotonic() + wait
+    while True:
+        found = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                env = Path(f"/proc/{entry}/environ").read_bytes()
+                if needle in env:
+                    found.append(Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:120])
+            except OSError:
+                continue
+        if not found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.2)
+
+
+def rows_by_student(out: Path) -> dict[str, dict]:
+    rows = json.loads((out / "grades.json").read_text())
+    return {row["student"]: row for row in rows}
+
+
+def check_json(lab: str, module: Path, seed: int) -> dict:
+    proc = subprocess.run([sys.executable, "-m", "labkit", "check", lab, "--solution", str(module),
+                           "--seed", str(seed), "--json"], capture_output=True, text=True, timeout=300,
+                          cwd=ROOT)
+    return json.loads(proc.stdout)
+
+
+def step_points(verdict: dict) -> dict[str, int]:
+    return {str(s["step"]): s["points"] for s in verdict["steps"]}
+
+
+def row_points(row: dict) -> dict[str, int]:
+    return {k.removeprefix("step_"): v for k, v in row.items() if k.startswith("step_") or k == "final"}
+
+
+# --- the corpus, graded once ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    release, reference = SOURCES
+    tmp = tmp_path_factory.mktemp("grading")
+    entries = corpus.build(release, reference)
+    subs = corpus.write(entries, tmp / "submissions")
+    out, token = tmp / "out", uuid.uuid4().hex
+    for place in (Path(tempfile.gettempdir()), Path.home()):
+        (place / corpus.ESCAPE_FILE).unlink(missing_ok=True)
+    started = time.monotonic()
+    proc = subprocess.run(grade_cmd(subs, "--out", out, "--jobs", "2", "--seed", SEED),
+                          env=grader_env(tmp, token), capture_output=True, text=True, timeout=600, cwd=tmp)
+    seconds = time.monotonic() - started
+    module = tmp / "reference.py"
+    module.write_text(reference)
+    lab = release.metadata["labkit"]["lab"]
+    reference_points = step_points(check_json(lab, module, SEED))
+    return {"entries": entries, "out": out, "proc": proc, "seconds": seconds, "token": token,
+            "subs": subs, "tmp": tmp, "reference": reference_points, "lab": lab}
+
+
+@needs_release
+@pytest.mark.slow
+def test_each_submission_gets_the_grade_it_deserves(graded):
+    proc = graded["proc"]
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = rows_by_student(graded["out"])
+    wrong = []
+    for entry in graded["entries"]:
+        row = rows.get(entry.student)
+        if row is None:
+            wrong.append(f"{entry.student} ({entry.why}): no row")
+            continue
+        got = {"status": row["status"], "flags": sorted(row["flags"])}
+        expected = {"status": entry.status, "flags": sorted(entry.flags)}
+        if entry.status != "malformed":
+            got["points"] = row_points(row)
+            expected["points"] = corpus.deserved(entry, graded["reference"])
+            got["seed"], expected["seed"] = row["seed"], SEED
+        if entry.quiz is not None:
+            got["quiz"], expected["quiz"] = row.get("quiz"), entry.quiz
+        if got != expected:
+            wrong.append(f"{entry.student} ({entry.why}):\n  expected {expected}\n  got      {got}")
+    assert not wrong, "\n".join(wrong)
+    assert len(rows) == len(graded["entries"])
+
+
+@needs_release
+@pytest.mark.slow
+def test_batch_leaves_nothing_running_and_nothing_outside_its_dirs(graded):
+    assert survivors(graded["token"]) == []
+    out = graded["out"]
+    assert not (out / ".work").exists()
+    assert list((out / ".results").glob("*.running")) == []
+    assert list((out / ".results").glob("*.verdict")) == []
+    for place in (Path(tempfile.gettempdir()), Path.home()):
+        assert not (place / corpus.ESCAPE_FILE).exists(), f"a submission wrote into {place}"
+
+
+@needs_release
+@pytest.mark.slow
+def test_a_kernel_cannot_write_into_the_repo_or_the_gradebook(graded):
+    out = graded["out"]
+    planted = [ROOT / "labkit" / corpus.PWNED_FILE, out / ".results" / corpus.FORGED_RESULT]
+    execution = json.loads((out / ".results" / "eve--outbox.json").read_text())["execution"]
+    if execution["sandbox"] != "private-fs":
+        for path in planted:
+            path.unlink(missing_ok=True)
+        pytest.skip("no private mount namespace here (needs root on Linux): only $HOME/$TMPDIR are redirected")
+    assert [p for p in planted if p.exists()] == []
+    assert "Read-only file system" in (out / "executed" / "eve" / f"{graded['lab']}.ipynb").read_text()
+    assert all(r["student"] != "eve" or r["total"] == 0 for r in json.loads((out / "grades.json").read_text()))
+
+
+@needs_release
+@pytest.mark.slow
+def test_gradebook_csv_and_json_have_one_row_per_student_and_lab(graded):
+    out = graded["out"]
+    with open(out / "grades.csv", newline="") as fh:
+        reader = csv.DictReader(fh)
+        header, rows = reader.fieldnames, list(reader)
+    steps = [c for c in header if c.startswith("step_")]
+    assert header[:2] == ["student", "lab"] and steps == [f"step_{n}" for n in range(1, len(steps) + 1)]
+    assert header[2 + len(steps):2 + len(steps) + 7] == ["final", "total", "max", "status", "flags", "seed", "seconds"]
+    assert sorted(r["student"] for r in rows) == sorted(e.student for e in graded["entries"])
+    by_student = {r["student"]: r for r in rows}
+    assert by_student["cleo"]["quiz_q1"] == "b" and by_student["cleo"]["quiz_q1_correct"] == "true"
+    assert by_student["cleo"]["quiz_answered"] == "1" and by_student["ada"]["quiz_q1"] == ""
+    assert by_student["max"]["flags"].count("deleted:") == len([c for c in header if c.startswith("step_")]) + 1
+    assert by_student["lou"]["status"] == "malformed" and by_student["lou"]["total"] == "0"
+    assert "not valid JSON" in by_student["lou"]["message"]
+    ada = rows_by_student(out)["ada"]
+    assert ada["total"] == sum(graded["reference"].values()) and ada["max"] >= ada["total"]
+
+
+@needs_release
+@pytest.mark.slow
+def test_feedback_pages_show_verdicts_and_the_executed_notebook_without_scripts(graded):
+    out, lab = graded["out"], graded["lab"]
+    for entry in graded["entries"]:
+        name = lab if entry.status != "malformed" else Path(entry.filename).stem
+        page = (out / "feedback" / entry.student / f"{name}.html").read_text()
+        assert page.startswith("<!DOCTYPE html>")
+        assert "<script>alert" not in page
+        if entry.status != "malformed":
+            assert f"lab {lab} —" in page and "as the grader ran it" in page
+            assert f"--seed {SEED}" in page
+    dan = (out / "feedback" / "dan" / f"{lab}.html").read_text()
+    assert "was edited; the original was put back" in dan
+
+
+@needs_release
+@pytest.mark.slow
+def test_check_cells_show_the_graders_verdict_not_what_the_kernel_printed(graded):
+    nb = nbformat.read(graded["out"] / "executed" / "dan" / f"{graded['lab']}.ipynb", as_version=4)
+    checks = [c for c in nb.cells if c.metadata.get("labkit", {}).get("check") is not None]
+    texts = ["".join(o.get("data", {}).get("text/plain", "") for o in c.outputs) for c in checks]
+    assert all(t.startswith(("Step", "Final")) for t in texts), texts
+    assert "PASS" not in "".join(texts)
+    assert all("print(" not in c.source for c in checks)
+
+
+@needs_release
+@pytest.mark.slow
+def test_huge_output_is_cut_in_the_saved_notebook(graded):
+    path = graded["out"] / "executed" / "kim" / f"{graded['lab']}.ipynb"
+    assert path.stat().st_size < 2 * 2**20
+    assert "the grader cut this cell's output" in path.read_text()
+
+
+@needs_release
+@pytest.mark.slow
+def test_memory_hog_hits_the_kernel_limit_and_a_dead_kernel_is_marked(graded):
+    hog = (graded["out"] / "executed" / "ivy" / f"{graded['lab']}.ipynb").read_text()
+    assert "MemoryError" in hog
+    dead = (graded["out"] / "executed" / "gus" / f"{graded['lab']}.ipynb").read_text()
+    assert "[grader] The kernel died while running cell" in dead
+
+
+@needs_release
+@pytest.mark.slow
+def test_check_with_the_recorded_seed_replays_a_partial_grade(graded):
+    row = rows_by_student(graded["out"])["cleo"]
+    nb = nbformat.read(graded["subs"] / "cleo" / "Untitled3.ipynb", as_version=4)
+    module = graded["tmp"] / "cleo.py"
+    module.write_text(assemble(parts_from_notebook(nb)))
+    assert step_points(check_json(row["lab"], module, row["seed"])) == row_points(row)
+
+
+@needs_release
+@pytest.mark.slow
+def test_a_rerun_regrades_nothing(graded):
+    out = graded["out"]
+    before = {p.name: p.read_text() for p in (out / ".results").glob("*.json")}
+    proc = subprocess.run(grade_cmd(graded["subs"], "--out", out, "--jobs", "2"), capture_output=True,
+                          text=True, timeout=120, env=grader_env(graded["tmp"], graded["token"]))
+    assert proc.returncode == 0, proc.stderr
+    assert "grading 0 notebook(s)" in proc.stdout and f"{len(before)} already graded" in proc.stdout
+    assert {p.name: p.read_text() for p in (out / ".results").glob("*.json")} == before
+
+
+# --- interrupted and resumed ---------------------------------------------------------------------
+
+
+def _finished(out: Path) -> dict[str, float]:
+    done = {}
+    for path in (out / ".results").glob("*.json") if (out / ".results").is_dir() else []:
+        data = gradebook.read_result(path)
+        if data is not None:
+            done[path.stem] = data["graded_at"]
+    return done
+
+
+@needs_release
+@pytest.mark.slow
+def test_sigkill_halfway_then_rerun_keeps_every_grade_once(tmp_path):
+    release, reference = SOURCES
+    parts = corpus.reference_parts(reference)
+    steps = [p for p in parts if p != "header"]
+    names = [f"s{n}" for n in range(4)]
+    for n, student in enumerate(names):  # cheap notebooks: each solves a different prefix of steps
+        nb = corpus.solved(release, parts, set(steps[: n % 3]))
+        path = tmp_path / "subs" / student / "lab.ipynb"
+        path.parent.mkdir(parents=True)
+        nbformat.write(nb, path)
+    out, token = tmp_path / "out", uuid.uuid4().hex
+    env = grader_env(tmp_path, token)
+    cmd = grade_cmd(tmp_path / "subs", "--out", out, "--jobs", "2", "--seed", SEED)
+    first = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             start_new_session=True)
+    deadline = time.monotonic() + 240
+    while len(_finished(out)) < 2 and first.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    os.kill(first.pid, signal.SIGKILL)  # the grader only: its workers must notice by themselves
+    first.wait()
+    before = _finished(out)
+    assert 2 <= len(before) < len(names), "the grader was not stopped halfway"
+
+    second = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stdout + second.stderr
+    after = _finished(out)
+    assert sorted(after) == sorted(f"{s}--{release.metadata['labkit']['lab']}" for s in names)
+    assert {k: after[k] for k in before} == before, "a finished grade was graded again"
+    rows = json.loads((out / "grades.json").read_text())
+    assert sorted(r["student"] for r in rows) == names
+    with open(out / "grades.csv", newline="") as fh:
+        assert sorted(r["student"] for r in csv.DictReader(fh)) == names
+    assert survivors(token) == []
+    assert list((out / ".results").glob("*.running")) == [] and not (out / ".work").exists()
+
+
+# --- the command line -------------------------------------------------------------------------------
+
+
+def test_usage_errors_exit_2(tmp_path):
+    (tmp_path / "empty").mkdir()
+    for args in ([tmp_path / "missing", "--out", tmp_path / "o"],
+                 [tmp_path / "empty", "--out", tmp_path / "o"],
+                 [tmp_path / "empty", "--out", tmp_path / "o", "--jobs", "0"],
+                 [tmp_path / "empty"]):
+        proc = subprocess.run(grade_cmd(*args), capture_output=True, text=True, timeout=60, cwd=ROOT)
+        assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
+        assert "error" in proc.stderr
+
+
+def test_a_batch_of_broken_files_completes_with_exit_0(tmp_path):
+    unknown = nbformat.writes(nbformat.v4.new_notebook(metadata={"labkit": {"lab": "nope"}})).encode()
+    broken = {"a": b"", "b": b"[1, 2]", "c": b"\xff\xfe\x00", "d": b'{"cells": []}', "e": unknown}
+    for student, data in broken.items():
+        (tmp_path / "subs" / student).mkdir(parents=True)
+        (tmp_path / "subs" / student / "lab.ipynb").write_bytes(data)
+    out = tmp_path / "out"
+    proc = subprocess.run(grade_cmd(tmp_path / "subs", "--out", out), capture_output=True, text=True,
+                          timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = json.loads((out / "grades.json").read_text())
+    assert [(r["student"], r["status"], r["total"]) for r in rows] == [(s, "malformed", 0) for s in "abcde"]
+    assert all(r["message"] for r in rows) and "does not know" in rows[-1]["message"]
+    assert all((out / "feedback" / s / "lab.html").exists() for s in "abcde")
+
+
+def test_one_notebook_per_student_and_lab_the_one_named_like_the_release(tmp_path):
+    paths = []
+    for name in ("01-outbox.ipynb", "01-outbox-Copy1.ipynb"):
+        paths.append(tmp_path / name)
+        paths[-1].write_text("{}")
+    subs = [Submission("ann", p, lab="outbox") for p in paths]
+    os.utime(paths[0], (1, 1))  # older, but named like the release
+    release = Release("outbox", Path("notebooks/01-outbox.ipynb"), {"cells": []})
+    chosen = one_per_lab(subs, {"outbox": release})
+    assert [(c.path.name, c.flags) for c in chosen] == [("01-outbox.ipynb", ["ignored:01-outbox-Copy1.ipynb"])]
+
+
+# --- restore, identify, read: no kernel needed -------------------------------------------------
+
+
+def _lab_notebook() -> nbformat.NotebookNode:
+    nb = nbformat.v4.new_notebook(metadata={"labkit": {"lab": "outbox"}})
+
+    def cell(kind, gid, source, locked=True, markdown=False):
+        make = nbformat.v4.new_markdown_cell if markdown else nbformat.v4.new_code_cell
+        c = make(source, id=gid)
+        c.metadata = {"nbgrader": {"grade_id": gid, "locked": locked}}
+        if kind == "check":
+            c.metadata["labkit"] = {"check": gid.rsplit("-", 1)[1]}
+        return c
+
+    nb.cells = [cell("md", "lab-md-0", "# Lab", markdown=True),
+                cell("setup", "lab-setup", "lab = Lab('outbox')"),
+                cell("step", "lab-code-1", "%%step 1\ndef f(): raise NotImplementedError", locked=False),
+                cell("check", "lab-check-1", "lab.check(1)"),
+                cell("step", "lab-code-2", "%%step 2\ndef g(): raise NotImplementedError", locked=False),
+                cell("check", "lab-check-2", "lab.check(2)")]
+    return nb
+
+
+def _sources(nb) -> list[str]:
+    return [c.source for c in nb.cells]
+
+
+def test_restore_puts_back_edited_deleted_and_copied_check_cells_and_flags_them():
+    release = _lab_notebook()
+    sub = _lab_notebook()
+    sub.cells[3].source = "print('PASS')"  # edited
+    copy = nbformat.from_dict(json.loads(json.dumps(sub.cells[3])))
+    sub.cells.insert(5, copy)  # duplicated (after step 2)
+    del sub.cells[6]  # check 2 deleted
+    sub.cells.insert(2, nbformat.v4.new_code_cell("print('scratch')", id="mine"))  # unknown: stays
+    sub.cells[3].source = "%%step 1\ndef f(): return 1"  # the student's step code: stays
+    done = restore(sub, release)
+    assert done.flags == ["edited:lab-check-1", "duplicated:lab-check-1", "deleted:lab-check-2"]
+    assert _sources(done.nb) == ["# Lab", "lab = Lab('outbox')", "print('scratch')", "%%step 1\ndef f(): return 1",
+                                 "lab.check(1)", "%%step 2\ndef g(): raise NotImplementedError", "lab.check(2)"]
+    ids = [c.id for c in done.nb.cells]
+    assert len(set(ids)) == len(ids) and {"lab-check-1", "lab-check-2"} <= done.released_ids
+
+
+def test_restore_leaves_an_untouched_notebook_alone_and_takes_the_kernel_from_the_release():
+    release, sub = _lab_notebook(), _lab_notebook()
+    sub.metadata["kernelspec"] = {"name": "evil", "display_name": "evil", "language": "python"}
+    release.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    done = restore(sub, release)
+    assert done.flags == [] and _sources(done.nb) == _sources(release)
+    assert done.nb.metadata["kernelspec"]["name"] == "python3"
+
+
+def test_a_student_cell_never_keeps_a_released_id():
+    release, sub = _lab_notebook(), _lab_notebook()
+    sub.cells.append(nbformat.v4.new_code_cell("x = 1", id="lab-check-1"))
+    done = restore(sub, release)
+    assert [c.id for c in done.nb.cells].count("lab-check-1") == 1
+
+
+def test_the_lab_comes_from_metadata_or_released_cells_never_the_file_name():
+    nb = json.loads(nbformat.writes(_lab_notebook()))
+    release = Release("outbox", Path("01-outbox.ipynb"), json.loads(json.dumps(nb)))
+    assert identify(nb, {"outbox": release}) == "outbox"
+    nb["metadata"].pop("labkit")
+    assert identify(nb, {"outbox": release}) == "outbox"  # by its cells' grade ids
+    for cell in nb["cells"]:
+        cell["metadata"] = {}
+    assert identify(nb, {"outbox": release}) is None
+
+
+@pytest.mark.parametrize("data, words", [
+    (b"", "not valid JSON"), (b"{oops", "not valid JSON"), (b"\xff\xfe", "not UTF-8"),
+    (b'{"a": 1}', "not a notebook"), (b'{"cells": [], "nbformat": 3}', "old format"),
+    (b'{"cells": [{"cell_type": "spam"}], "nbformat": 4}', "damaged"),
+])
+def test_unreadable_files_say_why(data, words):
+    with pytest.raises(NotANotebook, match=words):
+        read_notebook(data)
+
+
+def test_csv_orders_steps_numerically_and_flattens_quiz_answers():
+    quiz = {"lab": "x", "answers": {"q1": {"choice": 2, "correct": False}}}
+    rows = [gradebook.make_row(student="a", lab="x", notebook="a.ipynb",
+                               steps={"1": 1, "2": 0, "10": 2, "final": 3}, max_points=9, status="ok",
+                               flags=["edited:x-check-1"], seed=1, seconds=1.234, quiz=quiz),
+            gradebook.make_row(student="b", lab="", notebook="b.ipynb", steps={}, max_points=0,
+                               status="malformed", flags=[], seed=None, seconds=0, message="not JSON")]
+    text = gradebook.to_csv(rows)
+    header = text.splitlines()[0].split(",")
+    assert header == ["student", "lab", "step_1", "step_2", "step_10", "final", "total", "max", "status",
+                      "flags", "seed", "seconds", "notebook", "message", "quiz_q1", "quiz_q1_correct"]
+    assert text.splitlines()[1] == "a,x,1,0,2,3,6,9,ok,edited:x-check-1,1,1.23,a.ipynb,,c,false"
+
+
+# --- interop with nbgrader --------------------------------------------------------------------------
+
+
+def _nbgrader_python() -> str | None:
+    for python in (sys.executable, os.environ.get("LABKIT_NBGRADER_PYTHON")):
+        if python and subprocess.run([python, "-c", "import nbgrader"], capture_output=True).returncode == 0:
+            return python
+    return None
+
+
+@needs_release
+@pytest.mark.slow
+def test_nbgrader_generate_assignment_and_autograde_complete_on_the_release(tmp_path):
+    python = _nbgrader_python()
+    if python is None:
+        pytest.skip("nbgrader is not installed (pip install nbgrader, or set LABKIT_NBGRADER_PYTHON "
+                    "to an interpreter that has it)")
+    release, reference = SOURCES
+    course = tmp_path / "course"
+    (course / "source" / "lab").mkdir(parents=True)
+    (course / "submitted" / "ada" / "lab").mkdir(parents=True)
+    nbformat.write(release, course / "source" / "lab" / "lab.ipynb")
+    nbformat.write(corpus.solved(release, corpus.reference_parts(reference), corpus.ALL),
+                   course / "submitted" / "ada" / "lab" / "lab.ipynb")
+    (course / "nbgrader_config.py").write_text(
+        "c = get_config()\n"
+        "c.CourseDirectory.course_id = 'dtao'\n"
+        f"c.CourseDirectory.root = {str(course)!r}\n"
+        f"c.CourseDirectory.db_url = 'sqlite:///{course}/gradebook.db'\n"
+        "c.Execute.timeout = 300\n")
+    env = grader_env(tmp_path, uuid.uuid4().hex)
+    env["PATH"] = os.pathsep.join([str(Path(python).parent), env["PATH"]])  # alembic
+    for step in (["generate_assignment", "lab", "--create", "--force"], ["autograde", "lab", "--create"]):
+        proc = subprocess.run([python, "-m", "nbgrader", *step], cwd=course, env=env, capture_output=True,
+                              text=True, timeout=600)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    score = subprocess.run(
+        [python, "-c", "from nbgrader.api import Gradebook\n"
+                       f"with Gradebook('sqlite:///{course}/gradebook.db') as gb:\n"
+                       "    s = gb.find_submission('lab', 'ada'); print(s.score, s.max_score)"],
+        capture_output=True, text=True, env=env, timeout=120)
+    got, most = map(float, score.stdout.split()[-2:])
+    assert most == sum(c.metadata["nbgrader"].get("points", 0) for c in release.cells
+                       if c.metadata.get("nbgrader", {}).get("grade"))
+    assert got > 0
+    shutil.rmtree(course / "autograded", ignore_errors=True)
