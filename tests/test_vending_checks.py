@@ -7,8 +7,6 @@ mistake, and says in its docstring which step must fail and what the student mus
 
 from __future__ import annotations
 
-import ast
-import difflib
 import json
 import os
 import re
@@ -20,18 +18,17 @@ from pathlib import Path
 
 import psutil
 import pytest
+from catalogue import by_step, failures, promise, touched_definitions
 
 from labkit import build, labs
 from labkit.judge import LabSpec, run_lab
 from labkit.module_export import assemble
-from labkit.verdict import LabVerdict, Outcome, StepVerdict
+from labkit.verdict import Outcome
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = ROOT / "solutions" / "client.py"
 LESSON = ROOT / "notebooks" / "source" / "02-vending.md"
 WRONG = sorted((ROOT / "tests" / "wrong_solutions" / "vending").glob("*.py"))
-DOCSTRING = re.compile(r'\A"""Wrong: (?P<mistake>.+?)\. Fails step (?P<step>\d+|final)\. '
-                       r'Message: (?P<message>.+?)"""\n', re.S)
 SEED = 1
 
 # The mistakes the lab's issue asks the checks to catch, by the file that makes each one.
@@ -57,21 +54,6 @@ def _line(sock: socket.socket) -> bytes:
             break
         data += chunk
     return data
-
-
-def promise(path: Path) -> dict[str, str]:
-    """What a wrong solution's docstring says: the mistake, the failing step, the message."""
-    match = DOCSTRING.match(path.read_text())
-    assert match, f"{path.name} must start with '\"\"\"Wrong: ... Fails step N. Message: ...\"\"\"'"
-    return match.groupdict()
-
-
-def failures(step: StepVerdict) -> str:
-    return "\n\n".join(f"[{c.name}]\n{c.message}" for c in step.cases if not c.passed)
-
-
-def by_step(verdict: LabVerdict) -> dict[str, StepVerdict]:
-    return {str(s.step): s for s in verdict.steps}
 
 
 def dependents(lab: LabSpec, step: str) -> set[str]:
@@ -105,28 +87,10 @@ def test_the_catalogue_is_complete():
         promise(path)
 
 
-def touched_definitions(path: Path) -> set[str]:
-    """The top-level definitions of the reference that a wrong solution changes."""
-    reference = REFERENCE.read_text()
-    spans = []
-    for node in ast.parse(reference).body:
-        label = getattr(node, "name", None) or ast.unparse(getattr(node, "targets", [node])[0])
-        spans.append((node.lineno, node.end_lineno, label))
-    body = DOCSTRING.sub("", path.read_text(), count=1).lstrip("\n").splitlines()
-    touched = set()
-    matcher = difflib.SequenceMatcher(None, reference.splitlines(), body, autojunk=False)
-    for tag, i1, i2, _j1, _j2 in matcher.get_opcodes():
-        if tag == "equal":
-            continue
-        for line in range(i1 + 1, i2 + 1) if i2 > i1 else [i1]:  # 1-based; an insertion follows line i1
-            touched |= {label for first, last, label in spans if first <= line <= last} or {f"line {line}"}
-    return touched
-
-
 @pytest.mark.parametrize("path", WRONG, ids=[p.stem for p in WRONG])
 def test_wrong_solution_is_the_reference_with_one_mistake(path):
     """A stale copy could fail for reasons of its own: then copy solutions/client.py again."""
-    touched = touched_definitions(path)
+    touched = touched_definitions(path, REFERENCE)
     assert len(touched) == 1, (f"{path.name} differs from solutions/client.py in {sorted(touched)}: copy the "
                                "reference again and re-apply the one mistake")
 
