@@ -125,7 +125,17 @@ def run_lab(lab: LabSpec, solution: Path, steps: Sequence[int | str] | None = No
     timeout = timeout or step_timeout()
     chosen = [lab.step(s) for s in steps] if steps else list(lab.steps)
     verdict = LabVerdict(lab.name, seed)
-    problem = _import_failure(lab, solution, timeout)
+    # The import check runs beside the steps, not before them: a module that loads (the usual
+    # case) should not wait a process start for it. If it does not load, steps still queued
+    # never start, and each running one ends within its own limit.
+    with ThreadPoolExecutor(max_workers=max(1, jobs) + 1) as pool:
+        check = pool.submit(_import_failure, lab, solution, timeout)
+        futures = [pool.submit(_run_step, lab, spec, solution, seed, timeout) for spec in chosen]
+        problem = check.result()
+        if problem is not None:
+            for future in futures:
+                future.cancel()
+        results = None if problem is not None else [f.result() for f in futures]
     if problem is not None:
         got, hint, trace = problem
         for spec in chosen:
@@ -134,8 +144,6 @@ def run_lab(lab: LabSpec, solution: Path, steps: Sequence[int | str] | None = No
             verdict.steps.append(step)
         verdict.seconds = time.monotonic() - started
         return verdict
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        results = list(pool.map(lambda spec: _run_step(lab, spec, solution, seed, timeout), chosen))
     _explain_dependencies(lab, results, solution, seed, timeout)
     verdict.steps = results
     verdict.seconds = time.monotonic() - started
