@@ -33,8 +33,9 @@ def new_marker() -> str:
     return uuid.uuid4().hex
 
 
-def marked_pids(marker: str) -> list[int]:
-    needle = f"{RUN_MARKER}={marker}".encode() + b"\0"
+def marked_pids(marker: str, name: str = RUN_MARKER) -> list[int]:
+    """Processes whose environment holds name=marker."""
+    needle = f"{name}={marker}".encode() + b"\0"
     me = os.getpid()
     found = []
     for entry in os.listdir("/proc"):
@@ -64,12 +65,12 @@ def _reap_all(pids: set[int], deadline: float) -> None:
             time.sleep(0.01)
 
 
-def kill_marked(marker: str, grace: float = KILL_GRACE) -> int:
-    """SIGKILL every process carrying the marker; wait (bounded) until they are gone."""
+def kill_marked(marker: str, grace: float = KILL_GRACE, name: str = RUN_MARKER) -> int:
+    """SIGKILL every process carrying name=marker; wait (bounded) until they are gone."""
     killed: set[int] = set()
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline:
-        pids = marked_pids(marker)
+        pids = marked_pids(marker, name)
         if not pids:
             break
         for pid in pids:

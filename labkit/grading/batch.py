@@ -73,7 +73,7 @@ def clean_stale(out: Path) -> int:
         except (OSError, ValueError, KeyError):
             marker = None
         if marker:
-            killed += sandbox.kill_tagged(JOB_MARKER, marker) + reaper.kill_marked(marker)
+            killed += reaper.kill_marked(marker, 3.0, JOB_MARKER) + reaper.kill_marked(marker)
         path.unlink(missing_ok=True)
     for partial in folder.glob("*.verdict") if folder.is_dir() else []:
         partial.unlink(missing_ok=True)
@@ -163,7 +163,7 @@ def collect(run: Running, batch: Batch) -> dict:
         limit = run.deadline - run.started
         message = f"Grading this notebook took over {limit:g} s and was stopped."
     run.proc.join()
-    sandbox.kill_tagged(JOB_MARKER, job["marker"])
+    reaper.kill_marked(job["marker"], 3.0, JOB_MARKER)
     reaper.kill_marked(job["marker"])
     shutil.rmtree(out / WORK / job["key"], ignore_errors=True)
     result = gradebook.read_result(gradebook.result_path(out, job["key"]))
@@ -186,7 +186,7 @@ def stop_all(active: list[Running]) -> None:
             run.proc.kill()
     for run in active:
         run.proc.join()
-        sandbox.kill_tagged(JOB_MARKER, run.job["marker"])
+        reaper.kill_marked(run.job["marker"], 3.0, JOB_MARKER)
         reaper.kill_marked(run.job["marker"])
 
 

@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import os
 import resource
-import signal
 import sys
-import time
 from pathlib import Path
 
 from labkit import reaper
@@ -68,46 +66,6 @@ def wrapper(limits: Limits, kernel_dir: Path | None = None) -> list[str]:
     if kernel_dir is not None:
         cmd += ["--private-fs", str(kernel_dir)]
     return [*cmd, "--"]
-
-
-def tagged_pids(name: str, value: str) -> list[int]:
-    """Processes whose environment holds name=value (as reaper.marked_pids, for any variable)."""
-    needle = f"{name}={value}".encode() + b"\0"
-    me = os.getpid()
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == me:
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as fh:
-                if needle in fh.read() + b"\0":
-                    found.append(int(entry))
-        except OSError:
-            continue
-    return found
-
-
-def kill_tagged(name: str, value: str, grace: float = 3.0) -> int:
-    """SIGKILL every process carrying name=value until none is left (bounded), reap our own."""
-    killed: set[int] = set()
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline:
-        pids = tagged_pids(name, value)
-        if not pids:
-            break
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-                killed.add(pid)
-            except ProcessLookupError:
-                pass
-        time.sleep(0.02)
-    for pid in killed:
-        try:
-            os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            pass
-    return len(killed)
 
 
 def sweep(marker: str) -> int:
