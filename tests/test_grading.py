@@ -500,3 +500,41 @@ def test_nbgrader_generate_assignment_and_autograde_complete_on_the_release(tmp_
                        if c.metadata.get("nbgrader", {}).get("grade"))
     assert got > 0
     shutil.rmtree(course / "autograded", ignore_errors=True)
+
+
+# --- a kernel that fails to start ------------------------------------------------------------
+
+
+def _flaky_client(failures: int):
+    """A GradingClient whose first `failures` starts fail before any cell runs."""
+    from labkit.grading import execute as execute_mod
+
+    calls = {"n": 0}
+
+    class Flaky(execute_mod.GradingClient):
+        def execute(self, **kwargs):
+            calls["n"] += 1
+            if calls["n"] <= failures:
+                raise RuntimeError("Kernel didn't respond in 60 seconds")
+            return super().execute(**kwargs)
+
+    return Flaky, calls
+
+
+@pytest.mark.parametrize("failures, status", [(1, "ok"), (2, "crashed")])
+def test_a_kernel_that_fails_to_start_gets_one_fresh_try(tmp_path, monkeypatch, failures, status):
+    from labkit.grading import execute as execute_mod
+    from labkit.grading.settings import Limits
+
+    flaky, calls = _flaky_client(failures)
+    monkeypatch.setattr(execute_mod, "GradingClient", flaky)
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("print('ran')")]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    result = execute_mod.execute(nb, tmp_path, Limits(), f"test-{uuid.uuid4().hex}")
+    assert result.status == status, result.message
+    assert calls["n"] == 2 and result.start_retries == 1
+    if status == "ok":
+        assert "ran" in nb.cells[0].outputs[0]["text"]
+    else:
+        assert "Kernel didn't respond" in result.message

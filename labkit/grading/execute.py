@@ -32,12 +32,17 @@ SKIP_TAG = "skip-execution"
 @dataclass
 class Execution:
     status: str = OK  # ok | timeout | crashed
+    start_retries: int = 0  # kernels that failed to start before any cell ran
     message: str = ""
     seconds: float = 0.0
     timed_out_cells: list[int] = field(default_factory=list)
     died_at: int | None = None  # index of the cell that was running when the kernel died
     truncated_cells: list[int] = field(default_factory=list)
     sandbox: str = "env"  # "private-fs": all but the kernel's dir was read-only
+
+
+# A kernel that fails to start before any cell ran gets this many tries in all.
+START_ATTEMPTS = 2
 
 
 def _manager_class(prefix: list[str], runtime: Path) -> type[AsyncKernelManager]:
@@ -157,43 +162,55 @@ def execute(nb: NotebookNode, workdir: Path, limits: Limits, marker: str,
         out_of_time.set()
         kill_kernel()
 
-    client = GradingClient(
-        nb, limits, kill_kernel,
-        timeout=max(1, int(limits.cell_timeout)),
-        startup_timeout=60,
-        allow_errors=True,
-        interrupt_on_timeout=True,
-        kernel_name="python3",
-        kernel_manager_class=_manager_class(sandbox.wrapper(limits, workdir if private_fs else None),
-                                            sandbox.kernel_dirs(workdir)["runtime"]),
-        resources={"metadata": {"path": str(workdir)}},
-        skip_cells_with_tag=SKIP_TAG,
-        shutdown_kernel="immediate",
-        iopub_timeout=4,
-        record_timing=False,
-    )
+    def new_client() -> GradingClient:
+        return GradingClient(
+            nb, limits, kill_kernel,
+            timeout=max(1, int(limits.cell_timeout)),
+            startup_timeout=60,
+            allow_errors=True,
+            interrupt_on_timeout=True,
+            kernel_name="python3",
+            kernel_manager_class=_manager_class(sandbox.wrapper(limits, workdir if private_fs else None),
+                                                sandbox.kernel_dirs(workdir)["runtime"]),
+            resources={"metadata": {"path": str(workdir)}},
+            skip_cells_with_tag=SKIP_TAG,
+            shutdown_kernel="immediate",
+            iopub_timeout=4,
+            record_timing=False,
+        )
+
     watchdog = threading.Timer(limits.notebook_timeout, on_deadline)
     watchdog.daemon = True
     watchdog.start()
     try:
-        client.execute(env=env, cwd=str(workdir))
-    except CellTimeoutError:
-        result.status = TIMEOUT
-        result.died_at = client.current_cell
-        result.message = (f"Cell {client.current_cell} ran over {limits.cell_timeout:g} s and did not stop "
-                          "when interrupted; the kernel was stopped there.")
-    except DeadKernelError:
-        result.died_at = client.current_cell
-        if out_of_time.is_set():
-            result.status = TIMEOUT
-            result.message = (f"The notebook ran over its {limits.notebook_timeout:g} s limit; "
-                              f"the kernel was stopped at cell {client.current_cell}.")
-        else:
-            result.status = CRASHED
-            result.message = f"The kernel died while running cell {client.current_cell}."
-    except Exception as exc:  # the kernel never started, or the protocol broke
-        result.status = TIMEOUT if out_of_time.is_set() else CRASHED
-        result.message = f"The notebook could not be executed: {type(exc).__name__}: {str(exc)[:300]}"
+        for attempt in range(1, START_ATTEMPTS + 1):
+            client = new_client()
+            try:
+                client.execute(env=env, cwd=str(workdir))
+            except CellTimeoutError:
+                result.status = TIMEOUT
+                result.died_at = client.current_cell
+                result.message = (f"Cell {client.current_cell} ran over {limits.cell_timeout:g} s and did not "
+                                  "stop when interrupted; the kernel was stopped there.")
+            except DeadKernelError:
+                result.died_at = client.current_cell
+                if out_of_time.is_set():
+                    result.status = TIMEOUT
+                    result.message = (f"The notebook ran over its {limits.notebook_timeout:g} s limit; "
+                                      f"the kernel was stopped at cell {client.current_cell}.")
+                else:
+                    result.status = CRASHED
+                    result.message = f"The kernel died while running cell {client.current_cell}."
+            except Exception as exc:  # the kernel never started, or the protocol broke
+                if client.current_cell is None and attempt < START_ATTEMPTS and not out_of_time.is_set():
+                    # No cell ran: the student's code cannot be the cause. Seen once in CI under
+                    # load ("Kernel didn't respond in 60 seconds"); a fresh kernel gets a try.
+                    kill_kernel()
+                    result.start_retries += 1
+                    continue
+                result.status = TIMEOUT if out_of_time.is_set() else CRASHED
+                result.message = f"The notebook could not be executed: {type(exc).__name__}: {str(exc)[:300]}"
+            break
     finally:
         watchdog.cancel()
         kill_kernel()
