@@ -26,7 +26,7 @@ from labkit.expect import (
     value_of,
 )
 from labkit.judge import LabSpec, StepContext, StepSpec
-from labkit.values import encode, same, show
+from labkit.values import decode, encode, same, show
 from labkit.verdict import Case, Outcome
 
 BOOL_HINT = "`True` is an `int` in Python (`isinstance(True, int)` is True): test `type(x) is int`."
@@ -496,11 +496,13 @@ def check_dispatch(ctx: StepContext) -> list[Case]:
     return ctx.cases("dispatching", plans, {"scenarios": scenarios})
 
 
-def _sent_ids(record) -> list:
-    from labkit.values import decode
+def _sent_events(record) -> list:
+    """What `send` received, call by call, as the probe copied it before any mutation."""
+    return [decode(s["event"]) for s in record["observed"].get("sends", [])]
 
-    return [decode(s["event"]).get("id") if isinstance(decode(s["event"]), dict) else None
-            for s in record["observed"].get("sends", [])]
+
+def _sent_ids(record) -> list:
+    return [e.get("id") if isinstance(e, dict) else None for e in _sent_events(record)]
 
 
 def _no_lock_during_send(record) -> Miss | None:
@@ -536,7 +538,7 @@ def _all_delivered(db, events):
         sent = _sent_ids(record)
         if sent != ids:
             return Miss(f"send was called for {sent}", "Send each selected event once, in outbox (seq) order.")
-        got = [decode_event(s) for s in record["observed"]["sends"]]
+        got = _sent_events(record)
         if got != events:
             return Miss(f"send received {show(got)}", "Pass the event as pending() returned it (a copy).")
         hooked = [h["id"]["v"] for h in record["observed"].get("hooks", [])]
@@ -548,12 +550,6 @@ def _all_delivered(db, events):
         return None
 
     return check
-
-
-def decode_event(send_record):
-    from labkit.values import decode
-
-    return decode(send_record["event"])
 
 
 def _first_n_delivered(n):
