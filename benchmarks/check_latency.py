@@ -3,7 +3,7 @@
 For each lab's reference solution: the median wall time of each step's check (a judge run
 with only that step, in this process) and of the whole lab, over `--runs` runs; and the floor,
 the median time to start one child interpreter that imports the module and does nothing
-(`labkit.child.run_child(module, "labkit.probe:noop", {})`). Every check starts at least one.
+(`labkit.judge.child.run_child(module, "labkit.probe:noop", {})`). Every check starts at least one.
 
     python benchmarks/check_latency.py [--runs 10] [--lab outbox|vending ...]
 """
@@ -22,9 +22,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from labkit import labs, reaper  # noqa: E402
-from labkit.child import run_child  # noqa: E402
-from labkit.judge import LabSpec, run_lab  # noqa: E402
+from labkit import labs  # noqa: E402
+from labkit.judge import reaper  # noqa: E402
+from labkit.judge.child import run_child  # noqa: E402
+from labkit.judge.run import LabSpec, run_lab  # noqa: E402
 from labkit.limits import step_timeout  # noqa: E402
 
 

@@ -36,7 +36,7 @@ from tests.submissions import corpus  # noqa: E402
 def build(dest: Path, n: int) -> list[Path]:
     sources = corpus.default_sources(ROOT)
     if sources is None:
-        raise SystemExit("no released notebook with a labelled reference module: run python -m labkit.build")
+        raise SystemExit("no released notebook with a labelled reference module: run python -m labkit.notebook.build")
     release, reference = sources
     parts = corpus.reference_parts(reference)
     steps = [p for p in parts if p != "header"]

@@ -11,8 +11,8 @@ from __future__ import annotations
 import random
 import string
 
-from labkit import stores
-from labkit.expect import (
+from labkit.judge import stores
+from labkit.judge.expect import (
     TRANSACTION_HINT,
     Miss,
     Plan,
@@ -25,9 +25,9 @@ from labkit.expect import (
     returns,
     value_of,
 )
-from labkit.judge import LabSpec, StepContext, StepSpec
+from labkit.judge.run import LabSpec, StepContext, StepSpec
+from labkit.judge.verdict import Case, Outcome
 from labkit.values import decode, encode, same, show
-from labkit.verdict import Case, Outcome
 
 BOOL_HINT = "`True` is an `int` in Python (`isinstance(True, int)` is True): test `type(x) is int`."
 
@@ -694,7 +694,7 @@ def _padded_ack_server():
 
 
 def check_send_http(ctx: StepContext) -> list[Case]:
-    from labkit.warehouse import close_all, start_warehouse
+    from labkit.servers.warehouse import close_all, start_warehouse
 
     rng = ctx.rng
     plans, specs, servers = [], [], []
@@ -841,7 +841,7 @@ SNACK = {"id": "snack-7", "sku": "snack", "qty": 7}
 
 
 def check_crash(ctx: StepContext) -> list[Case]:
-    from labkit.warehouse import WarehouseStartError, spawn_warehouse
+    from labkit.servers.warehouse import WarehouseStartError, spawn_warehouse
 
     cases: list[Case] = []
     try:
@@ -882,7 +882,7 @@ def _snapshot(ctx, t, source, sink, event_id):
 
 def _process_problem(run, expected: str) -> Miss:
     """Why a publisher process did not do what the scenario needed."""
-    from labkit.expect import SKELETON_HINT, import_problem
+    from labkit.judge.expect import SKELETON_HINT, import_problem
 
     if not run.imported:
         got, hint, _ = import_problem(run, 10.0)
@@ -1023,7 +1023,7 @@ def _lost_response(ctx, spawn_warehouse) -> list[Case]:
 
 
 def _bad_replies(ctx) -> list[Case]:
-    from labkit.warehouse import close_all, start_warehouse
+    from labkit.servers.warehouse import close_all, start_warehouse
 
     rng = ctx.rng
     runs, servers, plans = [], [], []

@@ -16,8 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing
 from pathlib import Path
 
-from labkit import stores
-from labkit.expect import (
+from labkit.judge import stores
+from labkit.judge.expect import (
     SKELETON_HINT,
     TRANSACTION_HINT,
     Miss,
@@ -33,11 +33,11 @@ from labkit.expect import (
     raises,
     returns,
 )
-from labkit.feed import Feed, start_feed
-from labkit.judge import LabSpec, StepContext, StepSpec
+from labkit.judge.run import LabSpec, StepContext, StepSpec
+from labkit.judge.verdict import Case, Outcome
 from labkit.limits import KILL_EXIT_CODE
+from labkit.servers.feed import Feed, start_feed
 from labkit.values import decode, encode, same, show
-from labkit.verdict import Case, Outcome
 
 SEQ_MAX = 2_147_483_647
 

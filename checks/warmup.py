@@ -7,10 +7,10 @@ is not a `str`, or that is empty once stripped, is a `ValueError`.
 
 from __future__ import annotations
 
-from labkit.expect import Plan, raises, returns
-from labkit.judge import LabSpec, StepContext, StepSpec
+from labkit.judge.expect import Plan, raises, returns
+from labkit.judge.run import LabSpec, StepContext, StepSpec
+from labkit.judge.verdict import Case
 from labkit.values import encode, show
-from labkit.verdict import Case
 
 WORDS = ["salted", "Caramel", "DARK", "chocolate", "Sea", "salt", "pretzel", "Oat", "bar", "MINT"]
 

@@ -40,8 +40,8 @@ def parser() -> argparse.ArgumentParser:
 
 
 def run_check(args: argparse.Namespace) -> int:
-    from labkit.judge import run_lab
-    from labkit.render_text import render_lab
+    from labkit.judge.run import run_lab
+    from labkit.views.render_text import render_lab
 
     try:
         lab = labs.load(args.lab)
@@ -65,9 +65,15 @@ def run_check(args: argparse.Namespace) -> int:
 
 
 def run_grade(args: argparse.Namespace) -> int:
-    from labkit.grading import cli_grade
+    from labkit.grading.batch import BatchUsageError, run
 
-    return cli_grade(args)
+    try:
+        return run(list(args.paths), args.out, args.jobs, args.seed, args.force)
+    except BatchUsageError as exc:
+        raise UsageError(str(exc)) from None
+    except KeyboardInterrupt:
+        print("interrupted: finished grades are kept; run the same command again to continue")
+        return 130
 
 
 def _exit_on_sigterm(signum, frame):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 
-from labkit.judge import LabSpec
+from labkit.judge.run import LabSpec
 
 LABS = {"outbox": "checks.outbox", "vending": "checks.vending", "start-here": "checks.warmup"}
 MODULE_FILES = {"outbox": "worker.py", "vending": "client.py", "start-here": "warmup.py"}

@@ -11,7 +11,7 @@ import difflib
 import re
 from pathlib import Path
 
-from labkit.verdict import LabVerdict, StepVerdict
+from labkit.judge.verdict import LabVerdict, StepVerdict
 
 DOCSTRING = re.compile(r'\A"""Wrong: (?P<mistake>.+?)\. Fails step (?P<step>\d+|final)\. '
                        r'Message: (?P<message>.+?)"""\n', re.S)

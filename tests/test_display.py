@@ -12,8 +12,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from labkit import build, progress, quiz, render_html, timeline_svg
-from labkit.verdict import Case, Evidence, LabVerdict, Outcome, StepVerdict
+from labkit.judge.verdict import Case, Evidence, LabVerdict, Outcome, StepVerdict
+from labkit.notebook import build, progress, quiz
+from labkit.views import render_html, timeline_svg
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = ROOT / "notebooks" / "source"

@@ -33,7 +33,7 @@ from labkit.grading.submissions import (
     one_per_lab,
     read_notebook,
 )
-from labkit.module_export import assemble, parts_from_notebook
+from labkit.notebook.module_export import assemble, parts_from_notebook
 from tests.submissions import corpus
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,7 +41,7 @@ SEED = 4242
 TOKEN_VAR = "LABKIT_GRADING_TEST_TOKEN"
 SOURCES = corpus.default_sources(ROOT)
 needs_release = pytest.mark.skipif(SOURCES is None, reason="no released lab notebook with a labelled "
-                                   "reference module yet (run `python -m labkit.build`)")
+                                   "reference module yet (run `python -m labkit.notebook.build`)")
 
 
 def grader_env(tmp: Path, token: str) -> dict[str, str]:

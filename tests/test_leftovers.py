@@ -19,8 +19,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from labkit import labs, reaper
-from labkit.judge import run_lab
+from labkit import labs
+from labkit.judge import reaper
+from labkit.judge.run import run_lab
 from labkit.limits import RUN_MARKER
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -10,14 +10,14 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from labkit import build, module_export
+from labkit.notebook import build, module_export
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_generated_files_match_their_sources():
     stale = [str(p) for p, text in build.outputs().items() if not p.exists() or p.read_text() != text]
-    assert stale == [], "run `python -m labkit.build` and commit: " + ", ".join(stale)
+    assert stale == [], "run `python -m labkit.notebook.build` and commit: " + ", ".join(stale)
 
 
 def test_skeleton_replaces_solutions_and_keeps_signatures():

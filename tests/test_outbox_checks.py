@@ -12,7 +12,7 @@ import pytest
 from catalogue import by_step, failures, promise, touched_definitions
 
 from labkit import labs
-from labkit.judge import run_lab
+from labkit.judge.run import run_lab
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = ROOT / "solutions" / "worker.py"

@@ -20,10 +20,11 @@ import psutil
 import pytest
 from catalogue import by_step, failures, promise, touched_definitions
 
-from labkit import build, labs
-from labkit.judge import LabSpec, run_lab
-from labkit.module_export import assemble
-from labkit.verdict import Outcome
+from labkit import labs
+from labkit.judge.run import LabSpec, run_lab
+from labkit.judge.verdict import Outcome
+from labkit.notebook import build
+from labkit.notebook.module_export import assemble
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = ROOT / "solutions" / "client.py"
@@ -101,7 +102,7 @@ def test_wrong_solution_is_the_reference_with_one_mistake(path):
 def test_the_reference_is_built_from_the_lesson():
     lesson = build.parse(LESSON)
     assert build.reference_module(lesson) == REFERENCE.read_text(), \
-        "solutions/client.py differs from notebooks/source/02-vending.md: run `python -m labkit.build`"
+        "solutions/client.py differs from notebooks/source/02-vending.md: run `python -m labkit.notebook.build`"
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])

@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # the plain `pytest` entry point does not add the repo root
     sys.path.insert(0, str(REPO))
 
-from labkit.warehouse import (  # noqa: E402
+from labkit.servers.warehouse import (  # noqa: E402
     FAULTS,
     WarehouseStartError,
     read_log,

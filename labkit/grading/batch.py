@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from labkit import labs, reaper
+from labkit import labs
 from labkit.grading import gradebook, record, sandbox, submissions
 from labkit.grading.settings import (
     CRASHED,
@@ -33,6 +33,7 @@ from labkit.grading.settings import (
     Limits,
     release_dir,
 )
+from labkit.judge import reaper
 
 
 class BatchUsageError(Exception):

@@ -12,9 +12,9 @@ import copy
 from html import escape
 from typing import TYPE_CHECKING
 
-from labkit import render_html, render_text
 from labkit.grading.restore import check_step
-from labkit.verdict import LabVerdict
+from labkit.judge.verdict import LabVerdict
+from labkit.views import render_html, render_text
 
 if TYPE_CHECKING:  # nbformat and nbconvert are imported only where needed: they are slow to load
     from nbformat import NotebookNode

@@ -15,7 +15,7 @@ from labkit import labs
 from labkit.grading import feedback, gradebook
 from labkit.grading.settings import FEEDBACK, MALFORMED
 from labkit.grading.submissions import slug
-from labkit.verdict import LabVerdict, from_json
+from labkit.judge.verdict import LabVerdict, from_json
 
 
 def partial_path(out: Path, key: str) -> Path:

@@ -5,7 +5,7 @@ which applies resource limits and, where Linux allows it (root), gives the kerne
 mount namespace in which the whole filesystem is read-only except the kernel's own dir, then
 drops every capability and execs the kernel: the limits hold for everything it starts. Its environment points every home, temp, Jupyter and IPython
 directory into the submission's temp dir, and carries a `LABKIT_RUN` marker: afterwards
-every process with that marker is killed (`labkit.reaper`), also those that called `setsid`.
+every process with that marker is killed (`labkit.judge.reaper`), also those that called `setsid`.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import resource
 import sys
 from pathlib import Path
 
-from labkit import reaper
 from labkit.grading.settings import ROOT, Limits
+from labkit.judge import reaper
 from labkit.limits import RUN_MARKER
 
 # Directories under the kernel's own dir, each named after what it replaces.

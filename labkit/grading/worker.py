@@ -1,7 +1,7 @@
 """Grade one submission, start to finish, in its own process (forked by the batch's forkserver).
 
 Restore the released cells, then two independent things at once: the judge scores the
-module assembled from the step cells (`labkit.judge.run_lab`, never the kernel), and nbclient
+module assembled from the step cells (`labkit.judge.run.run_lab`, never the kernel), and nbclient
 executes the notebook for the feedback page. Then the executed notebook, the feedback page and
 — last, as the commit point — the result file are written.
 """
@@ -22,21 +22,22 @@ from pathlib import Path
 
 import nbformat
 
-from labkit import labs, reaper
+from labkit import labs
 from labkit.grading import feedback, gradebook, record, sandbox
 from labkit.grading.execute import execute, prepare, untag
 from labkit.grading.restore import Restored, check_step, restore
 from labkit.grading.settings import CRASHED, EXECUTED, JOB_MARKER, OK, WORK, Limits
 from labkit.grading.submissions import NotANotebook, read_notebook, slug
+from labkit.judge import reaper
+from labkit.judge.verdict import LabVerdict
 from labkit.limits import RUN_MARKER
-from labkit.module_export import assemble, parts_from_notebook
-from labkit.verdict import LabVerdict
+from labkit.notebook.module_export import assemble, parts_from_notebook
 
 PR_SET_PDEATHSIG = 1
 
 
 def _run_judge(job: dict, module: Path, box: dict) -> None:
-    from labkit.judge import run_lab
+    from labkit.judge.run import run_lab
 
     started = time.monotonic()
     try:

@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from test_display import ORDER_BY_ID, OUTBOX, START, execute, solved_notebook  # noqa: E402
 
-from labkit import build  # noqa: E402
+from labkit.notebook import build  # noqa: E402
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

@@ -2,7 +2,7 @@
 
 Nothing executed is committed: `build(release, reference)` makes each submission as a
 student (or an attacker) would leave it, and says which grade it deserves. The reference
-module is the one `labkit.build` writes (`solutions/<module>.py`), whose parts are labelled
+module is the one `labkit.notebook.build` writes (`solutions/<module>.py`), whose parts are labelled
 `# --- provided code ---` and `# --- step N ---`.
 """
 
@@ -125,12 +125,12 @@ def build(release: NotebookNode, reference: str) -> list[Entry]:
 
     patched = copy.deepcopy(release)
     _after(patched, setup, _code(
-        "import labkit.judge, labkit.notebook, labkit.verdict\n"
+        "import labkit.judge.run, labkit.notebook, labkit.judge.verdict\n"
         "def fake(*args, **kwargs):\n"
         "    raise SystemExit('everything passed')\n"
-        "labkit.judge.run_lab = fake\n"
+        "labkit.judge.run.run_lab = fake\n"
         "labkit.notebook.Lab.check = lambda self, step: print(f'step {step}: passed')\n"
-        "labkit.verdict.StepVerdict.passed = property(lambda self: True)\n"
+        "labkit.judge.verdict.StepVerdict.passed = property(lambda self: True)\n"
         "import pathlib\n"
         f"for target in (pathlib.Path(labkit.__file__).parent / {PWNED_FILE!r},\n"
         f"               pathlib.Path.cwd().parents[2] / '.results' / {FORGED_RESULT!r}):\n"

@@ -14,9 +14,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from labkit import module_export
+from labkit.judge.verdict import LabVerdict, from_json
 from labkit.labs import MODULE_FILES
-from labkit.verdict import LabVerdict, from_json
+from labkit.notebook import module_export
 
 CHECK_TIMEOUT = 180.0  # the judge bounds each step itself; this only guards the guard
 
@@ -94,7 +94,8 @@ class Lab:
             return f"The check could not run (exit {proc.returncode}).\n{err.strip()[-2000:]}"
 
     def check(self, step: str | int):
-        from labkit import display, progress
+        from labkit.notebook import progress
+        from labkit.views import display
 
         verdict = self.run_judge(step)
         if isinstance(verdict, str):
@@ -114,13 +115,14 @@ class Lab:
 
     def progress(self) -> None:
         """Show this lab's progress bar (saved in `work/progress-<lab>.json`)."""
-        from labkit import display, progress
+        from labkit.notebook import progress
+        from labkit.views import display
 
         display.show_progress(progress.load(self.workdir, self.name))
 
     def ladder(self) -> None:
         """Show the evidence ladder of the last final check you ran (also after a restart)."""
-        from labkit import display
+        from labkit.views import display
 
         try:
             verdict = from_json(json.loads(self.last_final_path.read_text(encoding="utf-8")))
@@ -135,7 +137,8 @@ class Lab:
 
     def quiz(self) -> None:
         """Show the lab's quiz; every answer is saved in `work/quiz-<lab>.json`."""
-        from labkit import display, quiz
+        from labkit.notebook import quiz
+        from labkit.views import display
 
         questions = quiz.load(self.name)
         display.show_quiz(self.name, questions, quiz.answers(self.workdir, self.name),
@@ -143,7 +146,7 @@ class Lab:
 
     def answer(self, question: str, choice: int | str) -> None:
         """Answer a quiz question without the widget: `lab.answer("inbox", "b")`."""
-        from labkit import quiz
+        from labkit.notebook import quiz
 
         questions = quiz.load(self.name)
         entry = quiz.record(self.workdir, self.name, questions, question, choice)

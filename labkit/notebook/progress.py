@@ -12,8 +12,8 @@ from dataclasses import asdict, dataclass, field
 from html import escape
 from pathlib import Path
 
-from labkit.module_export import write_atomic
-from labkit.verdict import LabVerdict
+from labkit.judge.verdict import LabVerdict
+from labkit.notebook.module_export import write_atomic
 
 
 @dataclass

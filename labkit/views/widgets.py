@@ -12,10 +12,10 @@ from html import escape
 
 import ipywidgets as W
 
-from labkit import render_html
-from labkit.progress import Progress
-from labkit.quiz import LETTERS
-from labkit.verdict import Case, StepVerdict
+from labkit.judge.verdict import Case, StepVerdict
+from labkit.notebook.progress import Progress
+from labkit.notebook.quiz import LETTERS
+from labkit.views import render_html
 
 WIDGET_STYLE = """
 <style>

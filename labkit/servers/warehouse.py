@@ -8,7 +8,7 @@ server misbehave in the ways a publisher must survive.
 
 Two ways to run it:
 - in process: `start_warehouse(...)` — for labkit's own receive or trusted test code;
-- in a child process: `spawn_warehouse(...)` / `python -m labkit.warehouse --module ...` —
+- in a child process: `spawn_warehouse(...)` / `python -m labkit.servers.warehouse --module ...` —
   the student's `receive` never runs inside the judge's process.
 
 Standard library only. Nothing is printed: the log file is the only output.
@@ -580,7 +580,7 @@ def _write_ready(path: Path, payload: dict) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Serve the warehouse with a student's worker module until SIGTERM/SIGINT."""
     parser = argparse.ArgumentParser(
-        prog="python -m labkit.warehouse",
+        prog="python -m labkit.servers.warehouse",
         description="Serve POST /events with MODULE's receive/open_sink until SIGTERM.",
     )
     parser.add_argument("--module", type=Path, required=True, help="path of worker.py")
@@ -703,7 +703,7 @@ def spawn_warehouse(
     slow_seconds: float = 3.0,
     marker: str | None = None,
 ) -> WarehouseProcess:
-    """Run `python -m labkit.warehouse` on the student's module in a new session and wait
+    """Run `python -m labkit.servers.warehouse` on the student's module in a new session and wait
     (at most `ready_timeout`) until it serves. Raises WarehouseStartError if it does not."""
     faults = _check_faults(faults)
     workdir = Path(workdir).resolve()
@@ -712,7 +712,7 @@ def spawn_warehouse(
     # Absolute paths: the child runs in workdir.
     cmd = [
         # -P: the child's cwd (the student's folder) must not shadow stdlib or labkit modules.
-        sys.executable, "-P", "-m", "labkit.warehouse",
+        sys.executable, "-P", "-m", "labkit.servers.warehouse",
         "--module", str(Path(module_path).resolve()),
         "--sink", str(Path(sink_path).resolve()),
         "--log", str(Path(log_path).resolve()),
@@ -721,7 +721,7 @@ def spawn_warehouse(
     ]
     if faults:
         cmd += ["--faults", ",".join(faults)]
-    from labkit.child import child_env  # the same marker and paths as every judged child
+    from labkit.judge.child import child_env  # the same marker and paths as every judged child
 
     env = child_env(marker) if marker else child_env("unmarked")
     with open(workdir / "warehouse.stdout", "wb") as out, \

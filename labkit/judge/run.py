@@ -16,10 +16,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from labkit import expect, reaper
-from labkit.child import ChildRun, run_child
+from labkit.judge import expect, reaper
+from labkit.judge.child import ChildRun, run_child
+from labkit.judge.verdict import Case, Evidence, LabVerdict, Outcome, StepVerdict
 from labkit.limits import step_timeout
-from labkit.verdict import Case, Evidence, LabVerdict, Outcome, StepVerdict
 
 
 @dataclass

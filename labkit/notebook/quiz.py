@@ -16,7 +16,7 @@ from html import escape
 from pathlib import Path
 
 from labkit.labs import LABS
-from labkit.module_export import write_atomic
+from labkit.notebook.module_export import write_atomic
 
 LETTERS = "abcdefgh"
 

@@ -17,10 +17,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from labkit import reaper
+from labkit.judge import reaper
 from labkit.limits import CHILD_OUTPUT_BYTES, KILL_GRACE, RUN_MARKER
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MAX_RESULT_BYTES = 8 * 1024 * 1024
 
 
@@ -111,7 +111,7 @@ def run_child(
         with open(out_path, "wb") as out, open(err_path, "wb") as err:
             try:
                 proc = subprocess.Popen(
-                    [sys.executable, "-P", "-m", "labkit.child_main"],
+                    [sys.executable, "-P", "-m", "labkit.probe.main"],
                     stdin=subprocess.PIPE,
                     stdout=out,
                     stderr=err,

@@ -1,7 +1,7 @@
 """A verdict as static HTML: for exported notebooks and feedback pages (no kernel, no JavaScript).
 
 Everything interactive is plain HTML: a failing case is a `<details>` (the first one open), the
-specific hint sits behind a "more help" `<details>`. The live widget (`labkit.widgets`) shows
+specific hint sits behind a "more help" `<details>`. The live widget (`labkit.views.widgets`) shows
 the same parts; the two are kept apart so a page without a kernel still reads well.
 """
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 import re
 from html import escape
 
-from labkit import timeline_svg
-from labkit.verdict import Case, Evidence, LabVerdict, Outcome, StepVerdict
+from labkit.judge.verdict import Case, Evidence, LabVerdict, Outcome, StepVerdict
+from labkit.views import timeline_svg
 
 CALM_OUTCOMES = (Outcome.NOT_IMPLEMENTED, Outcome.MISSING, Outcome.NOT_REACHED)
 

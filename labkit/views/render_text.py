@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import textwrap
 
-from labkit.timeline_svg import is_duplicate, is_kill, lanes, rows
-from labkit.verdict import Case, Evidence, LabVerdict, Outcome, StepVerdict
+from labkit.judge.verdict import Case, Evidence, LabVerdict, Outcome, StepVerdict
+from labkit.views.timeline_svg import is_duplicate, is_kill, lanes, rows
 
 MARK = {True: "✓", False: "✗"}
 CALM = {Outcome.NOT_IMPLEMENTED: "·", Outcome.MISSING: "·", Outcome.NOT_REACHED: "·"}

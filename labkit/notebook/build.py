@@ -1,6 +1,6 @@
 """Lesson source → student notebook + reference module (one source of truth per lab).
 
-`python -m labkit.build` writes them; `python -m labkit.build --check` exits 1 if the
+`python -m labkit.notebook.build` writes them; `python -m labkit.notebook.build --check` exits 1 if the
 committed files differ from what the sources produce.
 """
 
@@ -15,9 +15,9 @@ from pathlib import Path
 import nbformat
 
 from labkit.labs import MODULE_FILES
-from labkit.module_export import HEADER, MAGIC, assemble
+from labkit.notebook.module_export import HEADER, MAGIC, assemble
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SOURCES = ROOT / "notebooks" / "source"
 FENCE = re.compile(r"^```cell:(\w+)(?:[ \t]+(\S+))?[ \t]*$")
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
@@ -160,7 +160,7 @@ def outputs() -> dict[Path, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m labkit.build", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m labkit.notebook.build", description=__doc__)
     ap.add_argument("--check", action="store_true", help="exit 1 if generated files are out of date")
     args = ap.parse_args(argv)
     stale = []
@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.check:
             path.write_text(text, encoding="utf-8")
     if args.check and stale:
-        print("out of date (run `python -m labkit.build`): " + ", ".join(map(str, stale)), file=sys.stderr)
+        print("out of date (run `python -m labkit.notebook.build`): " + ", ".join(map(str, stale)), file=sys.stderr)
         return 1
     for path in stale:
         print(f"wrote {path}")

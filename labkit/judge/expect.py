@@ -10,10 +10,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from labkit.child import ChildRun
+from labkit.judge.child import ChildRun
+from labkit.judge.verdict import Case, Outcome
 from labkit.limits import CHILD_MEMORY_BYTES
 from labkit.values import decode, same, show
-from labkit.verdict import Case, Outcome
 
 TRANSACTION_HINT = ("Do every write between one `BEGIN IMMEDIATE` and one `COMMIT`, and `ROLLBACK` "
                     "before re-raising on any error (a `try/except BaseException` around the whole "

@@ -10,9 +10,9 @@ reopened without its kernel.
 
 from __future__ import annotations
 
-from labkit import progress as progress_mod
-from labkit import render_html, render_text
-from labkit.verdict import LabVerdict, StepVerdict
+from labkit.judge.verdict import LabVerdict, StepVerdict
+from labkit.notebook import progress as progress_mod
+from labkit.views import render_html, render_text
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
@@ -22,7 +22,7 @@ _progress_bars: dict[str, object] = {}  # lab → widgets.ProgressBar shown by t
 def _widgets():
     """The widgets module, or None where ipywidgets is missing (then only static copies show)."""
     try:
-        from labkit import widgets
+        from labkit.views import widgets
     except ImportError:
         return None
     return widgets
@@ -114,7 +114,7 @@ def update_progress(progress: progress_mod.Progress) -> None:
 
 
 def show_quiz(lab: str, questions: list[dict], saved: dict[str, dict], answer) -> None:
-    from labkit import quiz
+    from labkit.notebook import quiz
 
     widgets = _widgets()
     live = widgets.quiz_panel(lab, questions, saved, answer) if widgets and questions else None
