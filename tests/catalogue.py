@@ -1,7 +1,8 @@
 """Reading the catalogues of wrong solutions (`tests/wrong_solutions/<lab>/*.py`).
 
 Each file is a copy of the lab's reference with one realistic mistake, and starts with
-`\"\"\"Wrong: <mistake>. Fails step <N>. Message: <text the student must be told>\"\"\"`.
+`\"\"\"Wrong: <mistake>. Fails step <N>. Clause: <id>. Message: <text the student must be told>\"\"\"`
+(the clause is the contract clause, `labkit.judge.contract`, whose case must catch it).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 from labkit.judge.verdict import LabVerdict, StepVerdict
 
 DOCSTRING = re.compile(r'\A"""Wrong: (?P<mistake>.+?)\. Fails step (?P<step>\d+|final)\. '
+                       r'(?:Clause: (?P<clause>(?:\d+|final)\.[a-z0-9-]+)\. )?'
                        r'Message: (?P<message>.+?)"""\n', re.S)
 
 

@@ -26,6 +26,7 @@ class Miss:
     got: str
     hint: str = ""
     outcome: Outcome = Outcome.WRONG
+    clause: str = ""  # the contract clause this miss violates (see `under`); else the plan's
 
 
 @dataclass
@@ -35,6 +36,25 @@ class Plan:
     expected: str
     check: Callable[[dict], Miss | None]
     hint: str = ""
+    clauses: tuple[str, ...] = ()  # the contract clauses this case exercises (labkit.judge.contract)
+
+
+def under(clause: str, check: Callable[[dict], Miss | None]) -> Callable[[dict], Miss | None]:
+    """`check`, with any miss it finds attributed to `clause` (one plan can try several)."""
+
+    def tagged(record: dict) -> Miss | None:
+        miss = check(record)
+        if miss is not None and not miss.clause:
+            miss.clause = clause
+        return miss
+
+    return tagged
+
+
+def tag(case: Case, plan: Plan, miss: Miss | None = None) -> Case:
+    """Stamp a case with the clauses it is evidence about: the one a miss names, else the plan's."""
+    case.clauses = (miss.clause,) if miss is not None and miss.clause else tuple(plan.clauses)
+    return case
 
 
 def value_of(record: dict) -> Any:
@@ -170,15 +190,15 @@ def judge(run: ChildRun, plans: list[Plan], timeout: float) -> list[Case]:
     for plan in plans:
         record = reported.get(plan.name)
         if record is None:
-            cases.append(_unreported(run, plan, stuck, timeout))
+            cases.append(tag(_unreported(run, plan, stuck, timeout), plan))
             continue
         special = _special(record, plan)
         if special is not None:
-            cases.append(special)
+            cases.append(tag(special, plan))
             continue
         miss = plan.check(record)
         if miss is None:
-            cases.append(Case(plan.name, Outcome.PASSED, plan.called, plan.expected))
+            cases.append(tag(Case(plan.name, Outcome.PASSED, plan.called, plan.expected), plan))
             continue
         outcome, hint, trace = miss.outcome, miss.hint or plan.hint, ""
         if record["outcome"].get("kind") == "raised" and outcome is Outcome.WRONG:
@@ -186,7 +206,7 @@ def judge(run: ChildRun, plans: list[Plan], timeout: float) -> list[Case]:
             trace = record["outcome"].get("trace", "")
             if record["outcome"].get("type") == "MemoryError":
                 hint = f"Each check process may use {CHILD_MEMORY_BYTES // 2**20} MiB: something here allocates far more."
-        cases.append(Case(plan.name, outcome, plan.called, plan.expected, miss.got, hint, trace))
+        cases.append(tag(Case(plan.name, outcome, plan.called, plan.expected, miss.got, hint, trace), plan, miss))
     return cases
 
 
@@ -211,7 +231,7 @@ def _unreported(run: ChildRun, plan: Plan, stuck: str | None, timeout: float) ->
 def import_cases(run: ChildRun, plans: list[Plan], timeout: float) -> list[Case]:
     """Every case fails the same way when the module itself cannot be loaded."""
     got, hint, trace = import_problem(run, timeout)
-    return [Case(p.name, Outcome.IMPORT_FAILED, p.called, p.expected, got, hint, trace) for p in plans]
+    return [tag(Case(p.name, Outcome.IMPORT_FAILED, p.called, p.expected, got, hint, trace), p) for p in plans]
 
 
 def import_problem(run: ChildRun, timeout: float) -> tuple[str, str, str]:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from labkit.judge import expect, reaper
 from labkit.judge.child import ChildRun, run_child
+from labkit.judge.contract import Clause
 from labkit.judge.verdict import Case, Evidence, LabVerdict, Outcome, StepVerdict
 from labkit.limits import step_timeout
 
@@ -37,6 +38,7 @@ class LabSpec:
     module_name: str  # what the student's file is imported as, e.g. "worker"
     probes: str  # the module whose functions run inside the child
     steps: list[StepSpec]
+    contract: tuple[Clause, ...] = ()  # the clauses its cases are tagged with
 
     def step(self, number: int | str) -> StepSpec:
         for spec in self.steps:

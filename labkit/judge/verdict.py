@@ -29,6 +29,7 @@ class Case:
     got: str = ""
     hint: str = ""
     trace: str = ""
+    clauses: tuple[str, ...] = ()  # contract clause IDs (labkit.judge.contract); a failure names the one it caught
 
     @property
     def passed(self) -> bool:
@@ -52,7 +53,7 @@ class Case:
     def to_json(self) -> dict:
         data = {"name": self.name, "passed": self.passed, "message": self.message}
         data.update(outcome=str(self.outcome), called=self.called, expected=self.expected,
-                    got=self.got, hint=self.hint, trace=self.trace)
+                    got=self.got, hint=self.hint, trace=self.trace, clauses=list(self.clauses))
         return data
 
 
@@ -157,6 +158,7 @@ def from_json(data: dict) -> LabVerdict:
                 got=c.get("got", "" if c.get("outcome") else c.get("message", "")),
                 hint=c.get("hint", ""),
                 trace=c.get("trace", ""),
+                clauses=tuple(c.get("clauses", ())),
             )
             for c in s.get("cases", [])
         ]
