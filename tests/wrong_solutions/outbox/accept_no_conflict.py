@@ -1,4 +1,4 @@
-"""Wrong: accept compares only the id, so the same id with other content returns False instead of raising Conflict. Fails step 3. Message: different → raise Conflict"""
+"""Wrong: accept compares only the id, so the same id with other content returns False instead of raising Conflict. Fails step 3. Clause: 3.conflict. Message: different → raise Conflict"""
 
 # --- provided code -----------------------------------------------
 import json

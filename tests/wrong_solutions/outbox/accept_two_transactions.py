@@ -1,4 +1,4 @@
-"""Wrong: accept commits the order, then inserts the outbox row in a second transaction. Fails step 3. Message: the outbox insert failed, yet a row for"""
+"""Wrong: accept commits the order, then inserts the outbox row in a second transaction. Fails step 3. Clause: 3.one-transaction. Message: Both inserts in one transaction"""
 
 # --- provided code -----------------------------------------------
 import json

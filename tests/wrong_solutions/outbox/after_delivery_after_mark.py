@@ -1,4 +1,4 @@
-"""Wrong: dispatch calls after_delivery after mark_sent instead of before it. Fails step 7. Message: already marked when after_delivery ran"""
+"""Wrong: dispatch calls after_delivery after mark_sent instead of before it. Fails step 7. Clause: 7.hook-after-ack. Message: already marked when after_delivery ran"""
 
 # --- provided code -----------------------------------------------
 import json

@@ -1,4 +1,4 @@
-"""Wrong: dispatch accepts after_delivery but never calls it. Fails step 7. Message: after_delivery was called with []"""
+"""Wrong: dispatch accepts after_delivery but never calls it. Fails step 7. Clause: 7.hook-after-ack. Message: after_delivery was called with nothing"""
 
 # --- provided code -----------------------------------------------
 import json

@@ -1,4 +1,4 @@
-"""Wrong: validate_event checks qty with isinstance(qty, int), which accepts True. Fails step 1. Message: `isinstance(True, int)` is True"""
+"""Wrong: validate_event checks qty with isinstance(qty, int), which accepts True. Fails step 1. Clause: 1.qty-bool. Message: `isinstance(True, int)` is True"""
 
 # --- provided code -----------------------------------------------
 import json

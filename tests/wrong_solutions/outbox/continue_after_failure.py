@@ -1,4 +1,4 @@
-"""Wrong: dispatch skips an event whose send raised and goes on with the next one. Fails step 7. Message: after the failure"""
+"""Wrong: dispatch skips an event whose send raised and goes on with the next one. Fails step 7. Clause: 7.stop-on-failure. Message: Stop at the first failure"""
 
 # --- provided code -----------------------------------------------
 import json

@@ -1,4 +1,4 @@
-"""Wrong: send_http's opener lacks the no-redirect handler, so urllib follows a 302 as a GET. Fails step 8. Message: urllib turns a redirected POST into a GET"""
+"""Wrong: send_http's opener lacks the no-redirect handler, so urllib follows a 302 as a GET. Fails step 8. Clause: 8.no-redirect. Message: the redirect was followed"""
 
 # --- provided code -----------------------------------------------
 import json

@@ -1,4 +1,4 @@
-"""Wrong: send_http's opener has no ProxyHandler({}), so http_proxy from the environment is used even for 127.0.0.1. Fails step 8. Message: the request went to the proxy"""
+"""Wrong: send_http's opener has no ProxyHandler({}), so http_proxy from the environment is used even for 127.0.0.1. Fails step 8. Clause: 8.no-proxy. Message: the request went to the proxy"""
 
 # --- provided code -----------------------------------------------
 import json

@@ -1,4 +1,4 @@
-"""Wrong: validate_event checks characters with str.isalnum(), which accepts non-ASCII letters and digits. Fails step 1. Message: accepts letters of every alphabet"""
+"""Wrong: validate_event checks characters with str.isalnum(), which accepts non-ASCII letters and digits. Fails step 1. Clause: 1.id-ascii. Message: accept letters of every alphabet"""
 
 # --- provided code -----------------------------------------------
 import json

@@ -1,4 +1,4 @@
-"""Wrong: dispatch marks each row sent before calling send. Fails step 7. Message: already sent = 1 while send was still running"""
+"""Wrong: dispatch marks each row sent before calling send. Fails step 7. Clause: 7.mark-after-ack. Message: already sent = 1 while send was still running"""
 
 # --- provided code -----------------------------------------------
 import json

@@ -1,4 +1,4 @@
-"""Wrong: mark_sent trusts the UPDATE's rowcount, which also counts a row that was already sent, so it returns True again. Fails step 6. Message: Already sent → False"""
+"""Wrong: mark_sent trusts the UPDATE's rowcount, which also counts a row that was already sent, so it returns True again. Fails step 6. Clause: 6.already-false. Message: Already sent → False"""
 
 # --- provided code -----------------------------------------------
 import json

@@ -1,4 +1,4 @@
-"""Wrong: send_http catches urllib.error.URLError instead of HTTPError, so a refused connection becomes a DeliveryError. Fails step 8. Message: Network failures are not DeliveryError"""
+"""Wrong: send_http catches urllib.error.URLError instead of HTTPError, so a refused connection becomes a DeliveryError. Fails step 8. Clause: 8.network-error. Message: Network failures are not DeliveryError"""
 
 # --- provided code -----------------------------------------------
 import json

@@ -1,4 +1,4 @@
-"""Wrong: dispatch passes the selected dict itself to send and marks event['id'] after send returns. Fails step 7. Message: you marked the changed id"""
+"""Wrong: dispatch passes the selected dict itself to send and marks event['id'] after send returns. Fails step 7. Clause: 7.fresh-copy. Message: send received the very dict that pending returned"""
 
 # --- provided code -----------------------------------------------
 import json

@@ -1,4 +1,4 @@
-"""Wrong: when creating the tables fails, the connection is not closed before the error propagates. Fails step 2. Message: left the connection open"""
+"""Wrong: when creating the tables fails, the connection is not closed before the error propagates. Fails step 2. Clause: 2.init-error-closes. Message: left the connection open"""
 
 # --- provided code -----------------------------------------------
 import json

@@ -1,4 +1,4 @@
-"""Wrong: open_source drops and re-creates its tables, so re-opening a file loses its rows. Fails step 2. Message: changed or disappeared"""
+"""Wrong: open_source drops and re-creates its tables, so re-opening a file loses its rows. Fails step 2. Clause: 2.source-keeps-rows. Message: changed or disappeared"""
 
 # --- provided code -----------------------------------------------
 import json

@@ -1,4 +1,4 @@
-"""Wrong: pending marks the rows it returns as sent (claiming them while reading). Fails step 4. Message: it must not mark or delete rows"""
+"""Wrong: pending marks the rows it returns as sent (claiming them while reading). Fails step 4. Clause: 4.read-only. Message: it must not mark, delete or add rows"""
 
 # --- provided code -----------------------------------------------
 import json

@@ -1,4 +1,4 @@
-"""Wrong: pending orders rows by id instead of by outbox seq. Fails step 4. Message: ORDER BY seq"""
+"""Wrong: pending orders rows by id instead of by outbox seq. Fails step 4. Clause: 4.seq-order. Message: ORDER BY seq"""
 
 # --- provided code -----------------------------------------------
 import json

@@ -1,4 +1,4 @@
-"""Wrong: validate_event uses re.match with a pattern ending in $, which accepts a trailing newline. Fails step 1. Message: also matches before a final newline"""
+"""Wrong: validate_event uses re.match with a pattern ending in $, which accepts a trailing newline. Fails step 1. Clause: 1.id-newline. Message: also matches before a final newline"""
 
 # --- provided code -----------------------------------------------
 import json

@@ -1,4 +1,4 @@
-"""Wrong: receive relies on INSERT OR IGNORE for the inbox and adds the qty to stock even for a duplicate. Fails step 5. Message: the duplicate was applied twice"""
+"""Wrong: receive relies on INSERT OR IGNORE for the inbox and adds the qty to stock even for a duplicate. Fails step 5. Clause: 5.duplicate-false. Message: the duplicate was applied twice"""
 
 # --- provided code -----------------------------------------------
 import json

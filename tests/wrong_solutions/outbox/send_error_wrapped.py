@@ -1,4 +1,4 @@
-"""Wrong: dispatch wraps the exception raised by send in a DeliveryError. Fails step 7. Message: propagate unchanged"""
+"""Wrong: dispatch wraps the exception raised by send in a DeliveryError. Fails step 7. Clause: 7.send-error-same. Message: propagate unchanged"""
 
 # --- provided code -----------------------------------------------
 import json

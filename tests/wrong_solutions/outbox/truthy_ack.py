@@ -1,4 +1,4 @@
-"""Wrong: dispatch takes any truthy return value of send as an ACK (`if not acked`). Fails step 7. Message: `is True` is an ACK"""
+"""Wrong: dispatch takes any truthy return value of send as an ACK (`if not acked`). Fails step 7. Clause: 7.ack-is-true. Message: `is True` is an ACK"""
 
 # --- provided code -----------------------------------------------
 import json

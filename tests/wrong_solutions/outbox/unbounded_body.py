@@ -1,4 +1,4 @@
-"""Wrong: send_http reads the whole reply with response.read() and never checks its size. Fails step 8. Message: a longer reply is not evidence"""
+"""Wrong: send_http reads the whole reply with response.read() and never checks its size. Fails step 8. Clause: 8.ack-size. Message: a longer reply is not evidence"""
 
 # --- provided code -----------------------------------------------
 import json

@@ -1,4 +1,4 @@
-"""Wrong: dispatch holds one BEGIN IMMEDIATE transaction around the whole loop, so the write lock is held while send runs. Fails step 7. Message: could not BEGIN IMMEDIATE"""
+"""Wrong: dispatch holds one BEGIN IMMEDIATE transaction around the whole loop, so the write lock is held while send runs. Fails step 7. Clause: 7.read-before-send. Message: could not accept a new order"""
 
 # --- provided code -----------------------------------------------
 import json

@@ -1,4 +1,4 @@
-"""Wrong: send_http accepts any reply that has an "ack" key, whatever id it names. Fails step 8. Message: Check that the reply is exactly"""
+"""Wrong: send_http accepts any reply that has an "ack" key, whatever id it names. Fails step 8. Clause: 8.ack-id. Message: compare the parsed value"""
 
 # --- provided code -----------------------------------------------
 import json
