@@ -17,6 +17,7 @@ import random
 import shutil
 import sqlite3
 import string
+import threading
 from collections.abc import Callable
 from contextlib import closing
 from dataclasses import dataclass
@@ -86,7 +87,8 @@ def flags_text(flags: dict | db.Broken, ids: list[str] | None = None) -> str:
 
 def value_text(value: Any, limit: int = 120) -> str:
     if isinstance(value, Opaque):
-        return f"a {value.type_name} object ({show(value, 60)})"
+        article = "an" if value.type_name[:1].lower() in "aeiou" else "a"
+        return f"{article} {value.type_name} ({show(value, 60)})"
     return show(value, limit)
 
 
@@ -930,6 +932,7 @@ class Dispatches:
         self.paths: dict[str, Path] = {}
         self.replies: dict[str, list[dict]] = {}
         self.counts: dict[str, int] = {}
+        self.lock = threading.Lock()
         self.witness = Witness(self._look)
 
     def _look(self, case: str, point: str, said: dict) -> tuple[dict, dict]:
@@ -940,7 +943,8 @@ class Dispatches:
             return {"flags": db.sent_flags(path)}, {}
         if point != "send":
             return {}, {}
-        n = self.counts[case] = self.counts.get(case, 0) + 1
+        with self.lock:  # a dispatch may call send from several threads
+            n = self.counts[case] = self.counts.get(case, 0) + 1
         flags = db.sent_flags(path)
         fresh = event(f"new-{len(self.paths)}-{n}", "fresh", n)
         locked = any(s.saw.get("accept") for s in self.sends(case))  # seen once is enough: don't wait again
@@ -1024,6 +1028,10 @@ class Dispatches:
 
     def sent_ids(self, case: str, want: list[str], hint: str) -> Check:
         def check(record):
+            misuse = record["observed"].get("send_misuse")
+            if misuse:
+                return Miss(f"send was called as {misuse[0]}", "Call send with one argument, the event's copy: "
+                                                                "`send(dict(event))`.")
             got = _ids(self.sends(case))
             return None if got == want else Miss(f"send was called for {listing(got)}" if got
                                                  else "send was never called", hint)

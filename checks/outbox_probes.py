@@ -204,8 +204,15 @@ def dispatching(mod, args: dict) -> None:
         con = plain(case["db"])
         raised: list[BaseException] = []
         given: list = []
+        misuse: list[str] = []
 
-        def send(event, name=name, case=case, raised=raised, given=given, selected=selected):
+        def send(*call_args, name=name, case=case, raised=raised, given=given, selected=selected, misuse=misuse,
+                 **kwargs):
+            if len(call_args) + len(kwargs) != 1 or (kwargs and "event" not in kwargs):
+                shown = [type(a).__name__ for a in call_args] + [f"{k}=..." for k in kwargs]
+                misuse.append(f"send({', '.join(shown)})")
+                raise TypeError("send takes one argument: the event")
+            event = call_args[0] if call_args else kwargs["event"]
             not_a_copy = any(event is s for s in selected) or any(event is g for g in given)
             given.append(event)
             answer = see(args["witness"], name, "send", event=encode(event), not_a_copy=not_a_copy)
@@ -232,7 +239,7 @@ def dispatching(mod, args: dict) -> None:
             if callable(real_pending):
                 mod.pending = real_pending
         same_error = bool(raised) and error is raised[-1]
-        probe.report(name, outcome, same_error=same_error, shape=shapes([limit]))
+        probe.report(name, outcome, same_error=same_error, send_misuse=misuse, shape=shapes([limit]))
 
 
 # --- step 8 -------------------------------------------------------------------------------
