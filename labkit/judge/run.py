@@ -59,6 +59,7 @@ class StepContext:
     timeout: float
     evidence: Evidence = field(default_factory=Evidence)
     markers: list[str] = field(default_factory=list)
+    step: int | str = ""  # the step this context runs (seeds what is derived per step)
 
     def marker(self) -> str:
         """A fresh run marker for a process this step starts; killed when the step ends."""
@@ -87,7 +88,7 @@ class StepContext:
 def _run_step(lab: LabSpec, spec: StepSpec, solution: Path, seed: int, timeout: float) -> StepVerdict:
     started = time.monotonic()
     workdir = Path(tempfile.mkdtemp(prefix="labkit-"))
-    ctx = StepContext(lab, solution, workdir, random.Random(f"{seed}:{spec.step}"), seed, timeout)
+    ctx = StepContext(lab, solution, workdir, random.Random(f"{seed}:{spec.step}"), seed, timeout, step=spec.step)
     verdict = StepVerdict(spec.step, spec.title, spec.points)
     try:
         verdict.cases = spec.run(ctx)
