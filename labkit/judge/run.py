@@ -46,6 +46,19 @@ class LabSpec:
                 return spec
         raise KeyError(number)
 
+    def dependents(self, number: int | str) -> set[str]:
+        """Every step that builds on step `number`, directly or through another step."""
+        found: set[str] = set()
+        changed = True
+        while changed:
+            changed = False
+            for spec in self.steps:
+                needs = {str(n) for n in spec.requires}
+                if str(spec.step) not in found and (str(number) in needs or needs & found):
+                    found.add(str(spec.step))
+                    changed = True
+        return found
+
 
 @dataclass
 class StepContext:
