@@ -78,7 +78,8 @@ STEP_3 = [
     Clause("3.validates-first", "An invalid event is ValueError and writes nothing: validate before any write."),
     Clause("3.new-true", "A new id returns True."),
     Clause("3.order-row", "A new order is inserted into orders with its id, sku and qty."),
-    Clause("3.outbox-row", "A new order gets exactly one outbox row, pending (sent = 0)."),
+    Clause("3.outbox-row", "A new order gets exactly one outbox row, pending (sent = 0), after the rows accepted "
+                           "before it (seq order is acceptance order, whatever the ids)."),
     Clause("3.canonical-body", "The outbox body is the canonical JSON: "
                                "json.dumps(event, sort_keys=True, separators=(',', ':'))."),
     Clause("3.repeat-false", "The same id with identical content returns False and changes nothing."),
@@ -91,7 +92,6 @@ STEP_3 = [
     Clause("3.original-error", "A failure part-way propagates the original sqlite3 error, not a wrapper."),
     Clause("3.no-transaction-left", "After every call (new, repeat, conflict, invalid, failure) the caller's "
                                     "connection is open and holds no transaction: another connection can write."),
-    Clause("3.seq-order", "outbox.seq numbers rows in the order they were accepted, whatever their ids."),
 ]
 
 STEP_4 = [
@@ -213,7 +213,6 @@ STEP_8 = [
 ]
 
 FINAL = [
-    Clause("final.warehouse-starts", "The warehouse can run the student's open_sink and receive."),
     Clause("final.dies-at-hook", "Publisher #1 calls after_delivery after a verified ACK and dies there "
                                  "(exit code 73)."),
     Clause("final.pending-after-crash", "After the crash snack-7 is still pending in the source."),

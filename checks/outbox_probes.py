@@ -43,17 +43,6 @@ def see(url: str, case: str, point: str, **said) -> dict:
         conn.close()
 
 
-def shapes(values: list) -> list[dict]:
-    """What each argument really was: its type and, where it has one, its length."""
-    out = []
-    for value in values:
-        shape = {"type": type(value).__name__}
-        if isinstance(value, str | bytes | bytearray | list | tuple | dict):
-            shape["len"] = len(value)
-        out.append(shape)
-    return out
-
-
 def _usable(con: sqlite3.Connection) -> bool:
     try:
         con.execute("SELECT 1").fetchall()
@@ -75,11 +64,11 @@ def validating(mod, args: dict) -> None:
             value = decode(encoded)
             before = encode(value)
             outcome, result = probe.call_keep(fn, value)
-            calls.append({"input": encoded, "outcome": outcome, "shape": shapes([value]),
+            calls.append({"input": encoded, "outcome": outcome, "received": probe.received([value]),
                           "input_changed": encode(value) != before,
                           "returned_input": outcome["kind"] == "returned" and result is value})
-        probe.report(case["name"], calls[0]["outcome"] if calls else {"kind": "returned", "value": encode(None)},
-                     calls=calls)
+        first = calls[0] if calls else {"outcome": {"kind": "returned", "value": encode(None)}, "received": []}
+        probe.report(case["name"], first["outcome"], received=first["received"], calls=calls)
 
 
 # --- step 2 -------------------------------------------------------------------------------
@@ -110,7 +99,7 @@ def stores(mod, args: dict) -> None:
             probe.started(case["name"])
             opened.clear()
             outcome, value = probe.call_keep(probe.function(mod, case["fn"]), case["path"])
-            observed = {"shape": shapes([case["path"]])}
+            observed = {"received": probe.received([case["path"]])}
             if outcome["kind"] == "returned":
                 observed.update(_describe_connection(value))
                 observed["judge"] = see(args["witness"], case["name"], "after")  # while it is still open
@@ -142,7 +131,7 @@ def on_connection(mod, args: dict) -> None:
             outcome = probe.call(probe.function(mod, spec["fn"]), cons[db], *values)
             still_open = _usable(cons[db])
             see(args["witness"], spec["name"], "after")
-            probe.report(spec["name"], outcome, connection_open=still_open, shape=shapes(values))
+            probe.report(spec["name"], outcome, connection_open=still_open, received=probe.received(values))
     finally:
         for con in cons.values():
             con.close()
@@ -239,7 +228,7 @@ def dispatching(mod, args: dict) -> None:
             if callable(real_pending):
                 mod.pending = real_pending
         same_error = bool(raised) and error is raised[-1]
-        probe.report(name, outcome, same_error=same_error, send_misuse=misuse, shape=shapes([limit]))
+        probe.report(name, outcome, same_error=same_error, send_misuse=misuse, received=probe.received([limit]))
 
 
 # --- step 8 -------------------------------------------------------------------------------
@@ -257,7 +246,7 @@ def sending(mod, args: dict) -> None:
         seconds = time.monotonic() - started
         see(args["witness"], spec["name"], "after")
         del kept
-        probe.report(spec["name"], outcome, seconds=round(seconds, 3), shape=shapes(values))
+        probe.report(spec["name"], outcome, seconds=round(seconds, 3), received=probe.received(values))
 
 
 # --- final check --------------------------------------------------------------------------
