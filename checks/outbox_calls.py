@@ -25,6 +25,7 @@ from checks.outbox_common import (
 from checks.outbox_witness import Witness
 from labkit.judge import stores
 from labkit.judge.expect import (
+    TRANSACTION_HINT,
     Miss,
     Plan,
     both,
@@ -87,8 +88,9 @@ class CallSteps:
     """Steps 3–6: one child calls one function case by case on connections to files the judge
     made; after each call the judge itself tries to write, and reads every row."""
 
-    def __init__(self, ctx: StepContext, step: int, fn: str, tables: dict[str, tuple[str, ...]]):
-        self.ctx, self.fn, self.tables = ctx, fn, tables
+    def __init__(self, ctx: StepContext, step: int, fn: str, tables: dict[str, tuple[str, ...]],
+                 tx_hint: str = TRANSACTION_HINT):
+        self.ctx, self.fn, self.tables, self.tx_hint = ctx, fn, tables, tx_hint
         self.tx_clause = f"{step}.no-transaction-left"
         self.plans: list[Plan] = []
         self.specs: list[dict] = []
@@ -107,7 +109,7 @@ class CallSteps:
         if path not in self.initial:
             self.initial[path] = snapshot(path, self.tables)
         self.paths[label] = path
-        rules = [*rules, (self.tx_clause, writable_after(self.witness, label))]
+        rules = [*rules, (self.tx_clause, writable_after(self.witness, label, self.tx_hint))]
         shown = called or f"{self.fn}(con, {', '.join(show(a, 90) for a in args)})"
         self.plans.append(Plan(label, shown, expected, both(*(under(c, k) for c, k in rules)),
                                clauses=tuple(dict.fromkeys(c for c, _ in rules))))
@@ -254,19 +256,27 @@ def check_accept(ctx: StepContext) -> list[Case]:
 
 LIMIT_TYPE_HINT = "limit must be an int (not bool, not a float, not text): check `type(limit) is int`."
 LIMIT_RANGE_HINT = "limit ranges from 1 to 16, both ends included."
+READ_HINT = ("pending only reads: no BEGIN (or end it before returning), and `fetchall()` the rows, so no read "
+             "transaction or unfinished cursor keeps a lock on the file.")
 
 
 def _batch(expected: list[dict], size_clause: str, sent_ids: set[str]) -> list[tuple[str, Check]]:
     """pending's result, rule by rule: a list of dicts, unsent only, the right count, seq order, equal."""
     ids = [e["id"] for e in expected]
 
-    def kind(record):
+    def answered(record):
         if record["outcome"]["kind"] != "returned":
-            return Miss(outcome_text(record["outcome"]), "Return a list of dicts rebuilt from outbox.body.")
+            return Miss(outcome_text(record["outcome"]), f"limit {len(expected) or 16} is valid here: return up to "
+                                                         "limit events as a list of dicts.")
+        return None
+
+    def kind(record):
         got = value_of(record)
         if not isinstance(got, list) or not all(isinstance(e, dict) for e in got):
-            return Miss(f"returned {value_text(got)}", "Return a list (not a cursor, tuple or generator) of dicts "
-                                                       "rebuilt from outbox.body: `json.loads(body)`.")
+            return Miss(f"returned {value_text(got)}", "Return a list (not a cursor, tuple, generator or None) of "
+                                                       "dicts rebuilt from outbox.body: `json.loads(body)`; an empty "
+                                                       "list when nothing is pending.",
+                        clause="" if expected else size_clause)
         return None
 
     def got_ids(record):
@@ -294,7 +304,8 @@ def _batch(expected: list[dict], size_clause: str, sent_ids: set[str]) -> list[t
     def equal(record):
         return returns(expected, "Return dicts equal to the accepted events: `json.loads(body)` (qty an int).")(record)
 
-    return [("4.events-rebuilt", kind), ("4.unsent-only", unsent), (size_clause, count), ("4.seq-order", order),
+    return [(size_clause, answered), ("4.events-rebuilt", kind), ("4.unsent-only", unsent), (size_clause, count),
+            ("4.seq-order", order),
             ("4.events-rebuilt", equal)]
 
 
@@ -307,7 +318,7 @@ def check_pending(ctx: StepContext) -> list[Case]:
     done = [event(name(rng, p), "snack", rng.randint(1, 1000)) for p in "kln"]
     all_sent = db.make_source(ctx.path("all-sent.db"), done, sent={e["id"] for e in done})
     unsent = [e for e in events if e["id"] not in sent]
-    steps = CallSteps(ctx, 4, "pending", SOURCE_TABLES)
+    steps = CallSteps(ctx, 4, "pending", SOURCE_TABLES, tx_hint=READ_HINT)
     read_only = "pending only reads: it must not mark, delete or add rows."
     for label, db_path, limit, expected, clause in (
             ("limit 16 with 18 pending", path, 16, unsent[:16], "4.limit-max"),

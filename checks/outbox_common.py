@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 import string
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from checks import outbox_db as db
@@ -12,8 +13,11 @@ from checks.outbox_witness import Witness
 from labkit.judge.expect import (
     TRANSACTION_HINT,
     Miss,
+    Plan,
     describe,
 )
+from labkit.judge.run import StepContext
+from labkit.judge.verdict import Case
 from labkit.values import Opaque, decode, show
 
 Check = Callable[[dict], Miss | None]
@@ -86,3 +90,14 @@ def writable_after(witness: Witness, case: str, hint: str = TRANSACTION_HINT) ->
     return check
 
 
+
+
+def cases_side_by_side(ctx: StepContext, probe: str, groups: list[tuple[list[Plan], dict]],
+                       env: dict[str, str] | None = None) -> list[Case]:
+    """Run each group of plans in its own child, side by side: each child gets the step's whole
+    time budget, so a step with many cases keeps the margin one child had on a busy machine.
+    Cases come back in the order of the groups' plans."""
+    with ThreadPoolExecutor(len(groups)) as pool:
+        runs = [pool.submit(ctx.cases, probe, plans, args, env=env) for plans, args in groups]
+        found = {case.name: case for run in runs for case in run.result()}
+    return [found[plan.name] for plans, _ in groups for plan in plans]

@@ -108,6 +108,12 @@ def _process_problem(run, expected: str, requests: list[dict] = ()) -> Miss:
     receive = _receive_failures(list(requests))
     if receive:
         expected = "Your receive (step 5) failed inside the warehouse, so it could not ACK: make step 5 pass first."
+    acked = [r for r in requests if r.get("status") == 200 and r.get("response") == "ack"]
+    if (not receive and acked and record is not None and record["outcome"].get("kind") == "raised"
+            and record["outcome"].get("type") == "DeliveryError"):
+        receive = f"; yet the warehouse had answered 200 with the ACK {{\"ack\": \"{acked[-1].get('id')}\"}}"
+        expected = ("Your send_http refused the warehouse's real ACK: parse the reply (json.loads) and compare the "
+                    "value with {\"ack\": id}, not the bytes with one particular spelling (step 8).")
     if record is not None:
         return Miss(f"dispatch {outcome_text(record['outcome'])} (exit code {run.exit_code}){receive}", expected)
     if run.timed_out:

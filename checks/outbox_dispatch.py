@@ -9,7 +9,16 @@ from pathlib import Path
 from typing import Any
 
 from checks import outbox_db as db
-from checks.outbox_common import Check, event, flags_text, listing, name, outcome_text, value_text
+from checks.outbox_common import (
+    Check,
+    cases_side_by_side,
+    event,
+    flags_text,
+    listing,
+    name,
+    outcome_text,
+    value_text,
+)
 from checks.outbox_witness import Witness
 from labkit.judge.expect import (
     Miss,
@@ -84,7 +93,8 @@ class Dispatches:
         path = db.make_source(self.ctx.path(f"s{len(self.scenarios)}.db"), rows, sent={e["id"] for e in sent})
         self.paths[label], self.replies[label] = path, list(replies)
         self.scenarios.append({"name": label, "db": str(path), "limit": encode(limit), "hook": hook, "mutate": mutate})
-        common = [("7.read-before-send", self._no_lock(label)), ("7.mark-after-ack", self._not_marked_early(label)),
+        common = [("7.read-before-send", self._no_lock(label)),
+                  ("7.mark-after-ack", self._not_marked_early(label, {e["id"] for e in events})),
                   ("7.fresh-copy", self._copies(label, events)), ("7.batch-fixed", self._batch_fixed(label))]
         checks = common + rules(path, events)
         self.plans.append(Plan(label, called, expected, both(*(under(c, k) for c, k in checks)),
@@ -102,11 +112,13 @@ class Dispatches:
 
         return check
 
-    def _not_marked_early(self, case: str) -> Check:
+    def _not_marked_early(self, case: str, pending: set[str]) -> Check:
+        """A row that was pending when the scenario began is never sent = 1 while its send runs."""
+
         def check(record):
             for s in self.sends(case):
                 flags = s.saw.get("flags")
-                if isinstance(flags, dict) and flags.get(_id_of(s)) == 1:
+                if _id_of(s) in pending and isinstance(flags, dict) and flags.get(_id_of(s)) == 1:
                     return Miss(f"{_id_of(s)} was already sent = 1 while send was still running", MARK_BEFORE_SEND)
             return None
 
@@ -153,6 +165,23 @@ class Dispatches:
 
         return check
 
+    def sent_count(self, case: str, want: list[str], hint: str) -> Check:
+        def check(record):
+            got = _ids(self.sends(case))
+            if len(got) != len(want) or set(got) != set(want):
+                return Miss(f"send was called for {len(got)} events ({listing(got)}) where the first {len(want)} "
+                            "pending ones were expected", hint)
+            return None
+
+        return check
+
+    def none_of(self, case: str, ids: set[str], hint: str) -> Check:
+        def check(record):
+            wrong = [i for i in _ids(self.sends(case)) if i in ids]
+            return Miss(f"send was called for {listing(wrong)}, already sent before this call", hint) if wrong else None
+
+        return check
+
     def hooked(self, case: str, want: list[str]) -> Check:
         def check(record):
             hooks = self.hooks(case)
@@ -171,8 +200,11 @@ class Dispatches:
         return check
 
     def run(self) -> list[Case]:
+        half = len(self.plans) // 2
         with self.witness:
-            return self.ctx.cases("dispatching", self.plans, {"scenarios": self.scenarios, "witness": self.witness.url})
+            groups = [(self.plans[:half], {"scenarios": self.scenarios[:half], "witness": self.witness.url}),
+                      (self.plans[half:], {"scenarios": self.scenarios[half:], "witness": self.witness.url})]
+            return cases_side_by_side(self.ctx, "dispatching", groups)
 
 
 def _id_of(sighting) -> Any:
@@ -214,14 +246,16 @@ def check_dispatch(ctx: StepContext) -> list[Case]:
     order_hint = "Send each selected event once, in outbox (seq) order."
     mark_hint = "Mark every acknowledged row sent (mark_sent after after_delivery)."
 
-    def delivered(label, n_marked, size_clause="7.batch-order", hook_ids=True):
+    def delivered(label, n_marked, size_clause=None, hook_ids=True):
         def rules(path, events):
             ids = [e["id"] for e in events]
-            return [("7.returns-count", returns(n_marked, "Return how many rows this call marked sent.")),
-                    (size_clause, d.sent_ids(label, ids[:n_marked], order_hint if size_clause == "7.batch-order" else
-                                             "Select at most `limit` events with pending(con, limit); send only those.")),
+            size = ([(size_clause, d.sent_count(label, ids[:n_marked], "Select at most `limit` events with "
+                                                "pending(con, limit); send only those."))] if size_clause else [])
+            return [*size,
+                    ("7.batch-order", d.sent_ids(label, ids[:n_marked], order_hint)),
                     *([("7.hook-after-ack", d.hooked(label, ids[:n_marked]))] if hook_ids else []),
-                    ("7.marks-acked", flags_are(path, {i: int(k < n_marked) for k, i in enumerate(ids)}, mark_hint))]
+                    ("7.marks-acked", flags_are(path, {i: int(k < n_marked) for k, i in enumerate(ids)}, mark_hint)),
+                    ("7.returns-count", returns(n_marked, "Return how many rows this call marked sent."))]
 
         return rules
 
@@ -229,15 +263,15 @@ def check_dispatch(ctx: StepContext) -> list[Case]:
     d.add("sends every pending event in seq order, then marks it", "dispatch(con, send, 16, after_delivery=hook) "
           "with a sent row between the pending ones", "3; send called for each pending event in seq order; the hook "
           "after each ACK; all marked", three, 16,
-          lambda path, events: [("7.batch-unsent", d.sent_ids("sends every pending event in seq order, then marks it",
-                                                              [e["id"] for e in three],
-                                                              "Only pending rows (sent = 0) are sent."))]
+          lambda path, events: [("7.batch-unsent", d.none_of("sends every pending event in seq order, then marks it",
+                                                             {e["id"] for e in skipped},
+                                                             "Only pending rows (sent = 0) are sent."))]
           + delivered("sends every pending event in seq order, then marks it", 3)(path, events),
           [ok] * 3, hook=True, sent=skipped)
     for limit, pending_n in ((1, 3), (2, 5), (16, 17)):
         label = f"limit {limit} with {pending_n} pending"
         d.add(label, f"dispatch(con, send, {limit})", f"{limit}; only the first {limit} sent and marked",
-              d.batch("qwertyuiopasdfghj"[:pending_n]), limit, delivered(label, limit, "7.batch-size", False))
+              d.batch("qwertyuiopasdfghj"[:pending_n]), limit, delivered(label, limit, "7.batch-size", hook_ids=False))
     d.add("nothing pending", "dispatch(con, send, 16) on an outbox with no pending row", "0; send never called",
           [], 16, lambda path, events: [("7.returns-count", returns(0, "Nothing pending: return 0.")),
                                         ("7.batch-unsent", d.sent_ids("nothing pending", [], "Send nothing."))],

@@ -37,7 +37,7 @@ def see(url: str, case: str, point: str, **said) -> dict:
         conn.request("POST", parts.path, body, {"Content-Type": "application/json"})
         response = conn.getresponse()
         return json.loads(response.read() or b"{}")
-    except (OSError, ValueError, http.client.HTTPException) as exc:
+    except Exception as exc:  # whatever went wrong, the judge will see no sighting: that is the verdict
         return {"witness_error": f"{type(exc).__name__}: {exc}"}
     finally:
         conn.close()
@@ -244,7 +244,8 @@ def sending(mod, args: dict) -> None:
         started = time.monotonic()
         outcome, kept = probe.call_keep(send_http, *values)
         seconds = time.monotonic() - started
-        see(args["witness"], spec["name"], "after")
+        if spec.get("look"):
+            see(args["witness"], spec["name"], "after")
         del kept
         probe.report(spec["name"], outcome, seconds=round(seconds, 3), received=probe.received(values))
 

@@ -5,7 +5,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from checks.outbox_common import NOT_SEEN, Check, event, name, outcome_text, seen_after
+from checks.outbox_common import (
+    NOT_SEEN,
+    Check,
+    cases_side_by_side,
+    event,
+    name,
+    outcome_text,
+    seen_after,
+)
 from checks.outbox_witness import Witness
 from labkit.judge import stores
 from labkit.judge.expect import (
@@ -74,6 +82,7 @@ class SendHttp:
         self.specs: list[dict] = []
         self.listeners: dict[str, Any] = {}
         self.leak_seen = False
+        self.silent: set[str] = set()  # cases refused before any connection
         self.witness = Witness(self._look)
         self.proxy = self.replier.listen([self._reply(200, lambda i: json_ack(i))])
 
@@ -96,14 +105,17 @@ class SendHttp:
         return event(event_id or name(rng, prefix), name(rng, "sku", 3), rng.randint(1, 1000))
 
     def add(self, label: str, called: str, expected: str, args: list, listener, rules: list[tuple[str, Check]],
-            close_check: bool = True) -> None:
+            close_check: bool = True, silent: bool = False) -> None:
+        if silent:
+            self.silent.add(label)
         if listener is not None:
             self.listeners[label] = listener
-        if close_check and listener is not None:
+        look = close_check and listener is not None
+        if look:
             rules = [*rules, ("8.closes-connection", self._closed(label))]
         self.plans.append(Plan(label, called, expected, both(*(under(c, k) for c, k in rules)),
                                clauses=tuple(dict.fromkeys(c for c, _ in rules))))
-        self.specs.append({"name": label, "fn": "send_http", "args": [encode(a) for a in args]})
+        self.specs.append({"name": label, "fn": "send_http", "args": [encode(a) for a in args], "look": look})
 
     def _closed(self, case: str) -> Check:
         def check(record):
@@ -124,10 +136,14 @@ class SendHttp:
         url = f"http://127.0.0.1:{self.proxy.port}"
         env = {k: url for k in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY")}
         env.update(no_proxy="", NO_PROXY="")
+        talks = [spec["name"] not in self.silent for spec in self.specs]
         try:
             with self.witness:
-                return self.ctx.cases("sending", self.plans, {"calls": self.specs, "witness": self.witness.url},
-                                      env=env)
+                groups = [([p for p, t in zip(self.plans, talks, strict=True) if t == side],
+                           {"calls": [s for s, t in zip(self.specs, talks, strict=True) if t == side],
+                            "witness": self.witness.url}) for side in (False, True)]
+                found = {c.name: c for c in cases_side_by_side(self.ctx, "sending", groups, env=env)}
+            return [found[p.name] for p in self.plans]
         finally:
             self.replier.close()
 
@@ -245,13 +261,13 @@ def check_send_http(ctx: StepContext) -> list[Case]:
         h.add(f"url: {label} is refused", f"send_http({target!r}, ...)", "ValueError before any connection",
               [target, h.fresh("url")], listener,
               [(clause, raises("ValueError", URL_HINTS[clause])), ("8.before-connect", _no_connection(listener))],
-              close_check=False)
+              close_check=False, silent=True)
     for label, value in (("bytes", b"http://127.0.0.1:PORT/events"), ("None", None)):
         listener = listen([reply(200, json_ack)])
         target = value.replace(b"PORT", str(listener.port).encode()) if value else value
         h.add(f"url as {label} is refused", f"send_http({show(target)}, ...)", "ValueError", [target, h.fresh("url")],
               listener, [("8.url-type", raises("ValueError", URL_HINTS["8.url-type"])),
-                         ("8.before-connect", _no_connection(listener))], close_check=False)
+                         ("8.before-connect", _no_connection(listener))], close_check=False, silent=True)
     for bad, clause in ((0, "8.timeout-positive"), (0.0, "8.timeout-positive"), (-0.0, "8.timeout-positive"),
                         (-1, "8.timeout-positive"), (True, "8.timeout-type"), (False, "8.timeout-type"),
                         ("2", "8.timeout-type"), (None, "8.timeout-type"), (float("nan"), "8.timeout-finite"),
@@ -260,7 +276,7 @@ def check_send_http(ctx: StepContext) -> list[Case]:
         h.add(f"timeout {bad!r} is refused", f"send_http(url, event, timeout={bad!r})", "ValueError before any "
               "connection", [listener.url, h.fresh("timeout"), bad], listener,
               [(clause, raises("ValueError", TIMEOUT_HINT)), ("8.before-connect", _no_connection(listener))],
-              close_check=False)
+              close_check=False, silent=True)
     for good_timeout in (2, 0.5):
         listener = listen([reply(200, json_ack)])
         h.add(f"timeout {good_timeout!r} is accepted", f"send_http(url, event, timeout={good_timeout!r})", "True",
@@ -331,7 +347,7 @@ def check_send_http(ctx: StepContext) -> list[Case]:
     for label, body, clause, e in refused:
         listener = listen([reply(200, body)])
         h.add(f"{label} is not an ACK", f"send_http(url, event) answered 200 with {label}", "DeliveryError",
-              [listener.url, e or h.fresh("bad")], listener, [(clause, _delivery_error(_ACK_RULE))])
+              [listener.url, e or h.fresh("bad")], listener, [(clause, _delivery_error(_ACK_HINTS[clause]))])
     for framing, shown in (("length", "with Content-Length"), ("close", "without Content-Length"),
                            ("chunked", "chunked")):
         listener = listen([reply(200, _padded(1025), framing=framing)])
@@ -378,6 +394,16 @@ def check_send_http(ctx: StepContext) -> list[Case]:
 _ACK_RULE = ("Success is only status 200 and a body that parses (json.loads) to exactly the object "
              "{\"ack\": <this event's id>}: compare the parsed value, `reply == {\"ack\": event[\"id\"]}`, not "
              "the text, and don't convert or strip the id.")
+_ACK_HINTS = {
+    "8.ack-exact": _ACK_RULE,
+    "8.ack-id": _ACK_RULE,
+    "8.ack-json-object": ("JSON that is not an object (true, null, a list, a string) is not an ACK: compare the whole "
+                          "parsed value, `reply == {\"ack\": event[\"id\"]}`, which is simply False for any of "
+                          "them, instead of indexing or calling .get on it."),
+    "8.ack-not-json": ("A reply that is not JSON, or not UTF-8, is not an ACK: catch ValueError around decoding and "
+                       "parsing (UnicodeDecodeError and JSONDecodeError are both ValueErrors) and raise "
+                       "DeliveryError."),
+}
 _SIZE_RULE = ("Read at most 1,025 bytes (`response.read(1025)`) and refuse more than 1,024: a longer reply is not "
               "evidence (whatever its Content-Length says), and reading it all lets a server fill your memory.")
 

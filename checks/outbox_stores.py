@@ -30,7 +30,8 @@ SINK_COLUMNS = {
     "inbox": [("id", "TEXT", 1, 0), ("body", "TEXT", 0, 1)],
     "stock": [("sku", "TEXT", 1, 0), ("qty", "INTEGER", 0, 1)],
 }
-KEEP_HINT = "Create tables only if missing (`CREATE TABLE IF NOT EXISTS`); never drop or clear them."
+KEEP_HINT = ("Create tables only if missing (`CREATE TABLE IF NOT EXISTS`); never drop, clear or change rows "
+             "when opening a file.")
 
 
 def _columns(path: Path, table: str) -> list[tuple] | db.Broken:

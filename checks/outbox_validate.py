@@ -110,7 +110,7 @@ def _name_cases(field: str, longest: int, base: dict, rng: random.Random) -> lis
 
 def check_validate(ctx: StepContext) -> list[Case]:
     rng = ctx.rng
-    base = event("snack-7", "snack", 7)
+    base = event("snack-7", "Snack", 7)  # a capital: a result that changes case shows
     rand = event("A" + "".join(rng.choices(NAME_REST, k=rng.randint(0, 63))),
                  rng.choice(LETTERS_DIGITS) + "".join(rng.choices(NAME_REST, k=rng.randint(0, 31))),
                  rng.randint(1, 1000))
