@@ -171,12 +171,19 @@ def test_a_call_that_modifies_its_input_fails_the_no_mutation_clause(tmp_path):
     assert case.called == "total([])" and case.got == "returned 0, and modified its input"
 
 
-def test_a_slow_function_trips_the_backstop_as_a_timed_out_case(tmp_path, monkeypatch):
+def test_a_function_that_burns_cpu_trips_the_cpu_backstop(tmp_path, monkeypatch):
+    """CPU time, not wall time: the verdict is the same on a busy machine."""
+    monkeypatch.setattr(differential_module, "PROPERTY_CPU_SECONDS", 0.2)
+    slow = student(tmp_path, **{"    value = int(text)\n": "    sum(range(300_000))\n    value = int(text)\n"})
+    [case] = judge(slow)
+    assert (case.outcome, case.got) == (Outcome.TIMED_OUT, "its calls used more than 0.2 s of CPU in all")
+
+
+def test_a_function_that_sleeps_trips_the_wall_clock_backstop(tmp_path, monkeypatch):
     monkeypatch.setattr(differential_module, "PROPERTY_SECONDS", 0.5)
     slow = student(tmp_path, **{"    value = int(text)\n": "    import time; time.sleep(0.02)\n    value = int(text)\n"})
     [case] = judge(slow)
-    assert case.outcome is Outcome.TIMED_OUT
-    assert "took more than 0.5 s in all" in case.got
+    assert (case.outcome, case.got) == (Outcome.TIMED_OUT, "its calls took more than 0.5 s in all")
 
 
 def test_property_tests_in_parallel_threads_give_the_serial_verdicts(tmp_path):

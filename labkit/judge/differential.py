@@ -26,9 +26,11 @@ Determinism: Hypothesis is seeded from the verdict seed, the step and the functi
 (`hypothesis.seed`), uses no database, no deadline, no timing health check, stops at the first
 bug, and the count of examples (`examples`) and of calls while shrinking (`shrink_calls`) are
 bounded, so the same module and seed give the same verdict and the same counterexample. Every
-answer is cached by input, so a replay never asks the child twice. The wall-clock limit
-(`limits.PROPERTY_SECONDS`, ~30x a reference run) is only a backstop: it trips for a function
-that is slow in itself, and then the case says so (timed out), whatever was found before.
+answer is cached by input, so a replay never asks the child twice. Two backstops end a test
+early, as a timed-out case: the CPU time the student's calls use in the child
+(`limits.PROPERTY_CPU_SECONDS`, ~1000x a reference; CPU time hardly moves with load, so this
+one trips the same way on a busy machine) and, for a function that sleeps, the wall clock
+(`limits.PROPERTY_SECONDS`, far above what a reference takes even at load 15).
 
 A call that hangs (`limits.CALL_TIMEOUT`), kills the child or calls sys.exit() ends the test at
 that input, unshrunk, as the named outcome; a skeleton or a missing function is the usual grey
@@ -56,7 +58,7 @@ from labkit.judge import expect
 from labkit.judge.child import child_session
 from labkit.judge.run import StepContext
 from labkit.judge.verdict import Case, Outcome
-from labkit.limits import CALL_TIMEOUT, PROPERTY_EXAMPLES, PROPERTY_SECONDS
+from labkit.limits import CALL_TIMEOUT, PROPERTY_CPU_SECONDS, PROPERTY_EXAMPLES, PROPERTY_SECONDS
 from labkit.values import decode, encode, same, show
 
 if TYPE_CHECKING:
@@ -91,9 +93,10 @@ class _Disagree(Exception):  # noqa: N818 - Hypothesis shrinks whatever the test
 
 
 class _Stop(BaseException):  # noqa: N818 - a BaseException: Hypothesis lets it through unshrunk
-    def __init__(self, finding: Finding | None) -> None:
+    def __init__(self, finding: Finding | None, slow: str = "") -> None:
         super().__init__()
         self.finding = finding
+        self.slow = slow  # which backstop tripped, when there is no finding
 
 
 def differential(
@@ -127,7 +130,7 @@ def differential(
     name = name or f"{fn} agrees with the contract on generated inputs"
     show_call = show_call or (lambda *args: f"{fn}({', '.join(show(a, 80) for a in args)})")
     answers: dict[str, Finding | None] = {}
-    budget = {"calls": 0, "limit": examples + shrink_calls}
+    budget = {"calls": 0, "limit": examples + shrink_calls, "cpu": 0.0}
     deadline = time.monotonic() + PROPERTY_SECONDS
 
     with child_session(ctx.solution, workdir=ctx.workdir, timeout=ctx.timeout, marker=ctx.marker(),
@@ -140,11 +143,14 @@ def differential(
                 return answers[key]
             if budget["calls"] >= budget["limit"]:
                 return None  # out of calls: shrinking stops improving, the best so far stands
+            if budget["cpu"] > PROPERTY_CPU_SECONDS:
+                raise _Stop(None, f"its calls used more than {PROPERTY_CPU_SECONDS:g} s of CPU in all")
             if time.monotonic() > deadline:
-                raise _Stop(None)
+                raise _Stop(None, f"its calls took more than {PROPERTY_SECONDS:g} s in all")
             budget["calls"] += 1
             reply = session.call({"fn": fn, "args": encoded, "adapter": adapter},
                                  timeout=min(CALL_TIMEOUT, ctx.timeout))
+            budget["cpu"] += reply.get("observed", {}).get("cpu", 0.0)
             expected = probe.call(oracle, *copy.deepcopy(args))
             answers[key] = _disagreement(args, reply, expected, unchanged is not None)
             return answers[key]
@@ -171,8 +177,7 @@ def differential(
                      got, hint, trace, clauses=clauses)]
     if stop is not None and stop.finding is None:
         return [Case(name, Outcome.TIMED_OUT, f"{fn} on generated inputs", "an answer to each in well under a second",
-                     f"{budget['calls']} calls took more than {PROPERTY_SECONDS:g} s in all",
-                     f"Each call of {fn} should take well under a millisecond: look for slow loops or sleeps.",
+                     stop.slow, f"Each call of {fn} should take well under a millisecond: look for slow loops or sleeps.",
                      clauses=clauses)]
     if stop is not None:
         finding = stop.finding
