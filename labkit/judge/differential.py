@@ -23,8 +23,9 @@ as `expect.raises` matches). With `unchanged="4.no-mutation"`, a call that modif
 arguments disagrees too, attributed to that clause.
 
 Determinism: Hypothesis is seeded from the verdict seed, the step and the function name
-(`hypothesis.seed`), uses no database, no deadline, no timing health check, stops at the first
-bug, and the count of examples (`examples`) and of calls while shrinking (`shrink_calls`) are
+(`hypothesis.seed`), uses no database, no deadline, no timing health check, no constants from
+whatever local modules happen to be loaded (`_no_local_constants`), stops at the first bug,
+and the count of examples (`examples`) and of calls while shrinking (`shrink_calls`) are
 bounded, so the same module and seed give the same verdict and the same counterexample. Every
 answer is cached by input, so a replay never asks the child twice. Two backstops end a test
 early, as a timed-out case: the CPU time the student's calls use in the child
@@ -48,9 +49,12 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from labkit import probe
@@ -64,6 +68,9 @@ from labkit.values import decode, encode, same, show
 if TYPE_CHECKING:
     from hypothesis.strategies import SearchStrategy
 
+# Hypothesis keeps its Unicode tables here, not in a `.hypothesis/` folder in the judge's cwd
+# (a student's folder, the course's checkout).
+CACHE = Path.home() / ".cache" / "delivered-twice" / "hypothesis"
 # Calls allowed while shrinking, beyond the examples: enough to shrink the inputs of these
 # labs to a minimum (measured: under 200), and a hard stop for determinism and time.
 SHRINK_CALLS = 400
@@ -125,13 +132,14 @@ def differential(
     the clause broken by a call that modifies its arguments (None: not checked).
     Returns one Case.
     """
+    os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY", str(CACHE))  # read at Hypothesis' first write
     from hypothesis import HealthCheck, Phase, Verbosity, given, seed, settings
 
+    _no_local_constants()
     name = name or f"{fn} agrees with the contract on generated inputs"
     show_call = show_call or (lambda *args: f"{fn}({', '.join(show(a, 80) for a in args)})")
     answers: dict[str, Finding | None] = {}
-    budget = {"calls": 0, "limit": examples + shrink_calls, "cpu": 0.0}
-    deadline = time.monotonic() + PROPERTY_SECONDS
+    budget = {"calls": 0, "limit": examples + shrink_calls, "cpu": 0.0, "deadline": 0.0}
 
     with child_session(ctx.solution, workdir=ctx.workdir, timeout=ctx.timeout, marker=ctx.marker(),
                        module_name=ctx.lab.module_name) as session:
@@ -145,7 +153,9 @@ def differential(
                 return None  # out of calls: shrinking stops improving, the best so far stands
             if budget["cpu"] > PROPERTY_CPU_SECONDS:
                 raise _Stop(None, f"its calls used more than {PROPERTY_CPU_SECONDS:g} s of CPU in all")
-            if time.monotonic() > deadline:
+            if not budget["calls"]:  # from the first call: starting the child or Hypothesis is not the student's time
+                budget["deadline"] = time.monotonic() + PROPERTY_SECONDS
+            elif time.monotonic() > budget["deadline"]:
                 raise _Stop(None, f"its calls took more than {PROPERTY_SECONDS:g} s in all")
             budget["calls"] += 1
             reply = session.call({"fn": fn, "args": encoded, "adapter": adapter},
@@ -185,6 +195,33 @@ def differential(
         return [Case(name, Outcome.PASSED, f"{fn} on {budget['calls']} generated inputs",
                      "the contract's outcome for each", clauses=clauses)]
     return [_failing_case(finding, name, show_call, clause_of, unchanged, clauses)]
+
+
+_PATCH = threading.Lock()
+
+
+def _no_local_constants() -> None:
+    """Draw no values from the constants of the "local" modules loaded so far.
+
+    Hypothesis (6.1xx) draws about 5% of its values from constants it finds in every local
+    (non-library) module in sys.modules. Which of labkit's and the checks' modules are loaded
+    differs between the CLI and pytest, and between runs of a lab's steps in threads, so the
+    same seed would not give the same inputs (measured: importing one more module changed the
+    sequence). Hypothesis has no setting for it, so its private hook is replaced, once, and a
+    test fails if an upgrade moves it."""
+    from hypothesis.internal.conjecture import providers
+
+    with _PATCH:
+        if getattr(providers._get_local_constants, "labkit", False):
+            return
+        empty = providers.Constants()
+
+        def none() -> providers.Constants:
+            return empty
+
+        none.labkit = True
+        providers._get_local_constants = none
+        providers.CONSTANTS_CACHE.cache.clear()
 
 
 def _run(test: Callable[[], None]) -> tuple[Finding | None, _Stop | None]:
