@@ -67,8 +67,9 @@ def validating(mod, args: dict) -> None:
             calls.append({"input": encoded, "outcome": outcome, "received": probe.received([value]),
                           "input_changed": encode(value) != before,
                           "returned_input": outcome["kind"] == "returned" and result is value})
-        first = calls[0] if calls else {"outcome": {"kind": "returned", "value": encode(None)}, "received": []}
-        probe.report(case["name"], first["outcome"], received=first["received"], calls=calls)
+        first = calls[0]["outcome"] if calls else {"kind": "returned", "value": encode(None)}
+        # every call's argument, one after the other: a case of several calls received all of them
+        probe.report(case["name"], first, received=[r for c in calls for r in c["received"]], calls=calls)
 
 
 # --- step 2 -------------------------------------------------------------------------------

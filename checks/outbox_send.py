@@ -313,7 +313,7 @@ def check_send_http(ctx: StepContext) -> list[Case]:
          "8.ack-exact"),
         ("an ACK whose id is written with a \\u escape", lambda i: b'{"ack": "\\u00' + f"{ord(i[0]):02x}".encode()
          + i[1:].encode() + b'"}', "8.ack-id"),
-        ("an ACK of exactly 1,024 bytes (with Content-Length)", _padded(1024), "8.ack-size"),
+        ("a 1,024-byte ACK (with Content-Length)", _padded(1024), "8.ack-size"),
     ]
     for label, body, clause in accepted:
         listener = listen([reply(200, body)])
@@ -321,7 +321,7 @@ def check_send_http(ctx: StepContext) -> list[Case]:
               [listener.url, h.fresh("ack")], listener, [(clause, returns(True, _ACK_RULE))])
     for framing, shown in (("close", "without Content-Length"), ("chunked", "chunked")):
         listener = listen([reply(200, _padded(1024), framing=framing)])
-        h.add(f"an ACK of exactly 1,024 bytes ({shown}) is an ACK", f"send_http(url, event) answered 200 with a "
+        h.add(f"a 1,024-byte ACK ({shown}) is an ACK", f"send_http(url, event) answered 200 with a "
               f"1,024-byte ACK, {shown}", "True", [listener.url, h.fresh("ack")], listener,
               [("8.ack-size", returns(True, _ACK_RULE))])
     numeric = h.fresh("", event_id=str(rng.randint(100, 99999)))
@@ -340,7 +340,7 @@ def check_send_http(ctx: StepContext) -> list[Case]:
         ("ack true", b'{"ack": true}', "8.ack-id", None),
         *[(f"JSON {text.decode()}", text, "8.ack-json-object", None) for text in NOT_OBJECTS],
         ("the id as a JSON string", lambda i: b'"' + i.encode() + b'"', "8.ack-json-object", None),
-        ("a list holding the ACK", lambda i: b"[" + _ack_text(i) + b"]", "8.ack-json-object", None),
+        ("the ACK inside a JSON list", lambda i: b"[" + _ack_text(i) + b"]", "8.ack-json-object", None),
         *[(f"not JSON: {text!r}", text, "8.ack-not-json", None) for text in NOT_JSON],
         ("an ACK followed by more text", lambda i: _ack_text(i) + b" x", "8.ack-not-json", None),
     ]
@@ -351,7 +351,7 @@ def check_send_http(ctx: StepContext) -> list[Case]:
     for framing, shown in (("length", "with Content-Length"), ("close", "without Content-Length"),
                            ("chunked", "chunked")):
         listener = listen([reply(200, _padded(1025), framing=framing)])
-        h.add(f"a valid ACK padded to 1,025 bytes ({shown}) is not an ACK", f"send_http(url, event) answered 200 with "
+        h.add(f"a valid ACK padded past 1,024 bytes (a 1,025-byte reply, {shown}) is not an ACK", f"send_http(url, event) answered 200 with "
               f"{{\"ack\": id}} and spaces, 1,025 bytes, {shown}", "DeliveryError", [listener.url, h.fresh("big")],
               listener, [("8.ack-size", _delivery_error(_SIZE_RULE))])
     endless = listen([reply(200, _ack_text, framing="close", stream=ENDLESS)])

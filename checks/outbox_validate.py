@@ -79,9 +79,11 @@ def _name_cases(field: str, longest: int, base: dict, rng: random.Random) -> lis
     return [
         (f"1.{field}-type", f"{field} of another type (int, bytes, None, list, float: 5 calls)",
          refuse([7, field.encode(), None, [base[field]], 7.5]), f"{field} must be a str: refuse anything else."),
-        (f"1.{field}-min", f"{field} of 0 and of 1 character (2 calls)", refuse([""]) + accept(["a"]),
+        (f"1.{field}-min", f"{field} is empty (refused) or one character long (accepted): 2 calls",
+         refuse([""]) + accept(["a"]),
          f"{field} has 1 to {longest} characters: '' is refused, one character is fine."),
-        (f"1.{field}-max", f"{field} of {longest} characters (accepted) and of {longest + 1} or more (refused): 5 calls",
+        (f"1.{field}-max", f"{field} has {longest} characters (accepted); {field} has {longest + 1} characters or "
+                           "more (refused): 5 calls",
          accept(["a" * longest, first_of + full]) + refuse(["a" * (longest + 1), first_of + full + "x", "a" * 10_000]),
          f"{field} has at most {longest} characters; exactly {longest} is fine."),
         (f"1.{field}-ascii", f"{field} with a letter or digit of another script, first or later "

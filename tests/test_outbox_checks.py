@@ -6,6 +6,7 @@ mistake, and says in its docstring which step must fail and what the student mus
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -323,3 +324,69 @@ def test_hostile_student_code_gets_a_verdict_about_itself(lab, tmp_path, label):
     if "sys.exit" not in told:
         assert "sys.exit" not in messages, f"{label} is blamed for ending the process:\n{messages}"
     assert told in messages, f"{label}: the student is not told {told!r}:\n{messages}"
+
+
+def _planned(check, step: int, tmp_path) -> tuple[list, dict]:
+    """The plans and the child's arguments a check builds, without running any child."""
+    import random
+
+    from labkit.judge.run import StepContext
+
+    captured: dict = {}
+
+    class Capture(StepContext):
+        def cases(self, probe, plans, args=None, env=None, probes=None):
+            captured.setdefault("plans", []).extend(plans)
+            for key, value in (args or {}).items():
+                captured.setdefault(key, []).extend(value if isinstance(value, list) else [value])
+            return []
+
+    ctx = Capture(labs.load("outbox"), REFERENCE, tmp_path, random.Random("1:1"), 1, 10.0)
+    ctx.step = step
+    check(ctx)
+    return captured["plans"], captured
+
+
+def test_each_validate_event_case_makes_as_many_calls_as_its_name_says(tmp_path, monkeypatch):
+    import re
+
+    from checks import outbox_validate
+
+    monkeypatch.setattr(outbox_validate, "_validate_property", lambda ctx, hints: [])
+    plans, args = _planned(outbox_validate.check_validate, 1, tmp_path)
+    counted = 0
+    for spec in args["cases_spec"]:
+        said = re.search(r"(\d+) calls?\)?$", spec["name"])
+        assert said, f"{spec['name']!r} does not say how many calls it makes"
+        assert int(said[1]) == len(spec["inputs"]), f"{spec['name']!r} makes {len(spec['inputs'])} calls"
+        counted += len(spec["inputs"])
+    assert counted > 500  # every kind of every near-miss, in every run
+
+
+def test_the_replies_step_8_names_by_size_have_that_size():
+    from checks.outbox_send import _ack_text, _padded
+
+    for event_id in ("a", "snack-7", "x" * 64):
+        assert len(_padded(1024)(event_id)) == 1024
+        assert len(_padded(1025)(event_id)) == 1025
+        assert json.loads(_padded(1025)(event_id)) == {"ack": event_id}  # valid but for its size
+        assert json.loads(_ack_text(event_id)) == {"ack": event_id}
+
+
+def test_every_url_step_8_refuses_is_refused_by_the_reference_for_the_reason_its_clause_names():
+    """The near-miss table is data: each URL must really be a near miss (the reference refuses it),
+    and a URL the table says is fine must pass the reference's check."""
+    import importlib.util
+
+    from checks.outbox_inputs import URL_REFUSED
+
+    spec = importlib.util.spec_from_file_location("reference_worker", REFERENCE)
+    worker = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(worker)
+    for label, template, clause in URL_REFUSED:
+        with pytest.raises(ValueError):
+            worker._check_url(template.format(p=8080))
+        assert clause.startswith("8.url-"), label
+    for fine in ("http://localhost:8080/events", "http://127.0.0.1:1/events", "http://127.255.255.255:65535/events",
+                 "http://127.3.2.1:8080/events"):
+        worker._check_url(fine)
