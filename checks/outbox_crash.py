@@ -90,7 +90,8 @@ def _receive_failures(requests: list[dict]) -> str:
     if not bad:
         return ""
     r = bad[0]
-    return f"; the warehouse ran your receive for {r.get('id')}, which ended with {r.get('outcome')}: {r.get('error')}"
+    return (f"; the warehouse ran your open_sink and receive for {r.get('id')}, which ended with {r.get('outcome')}: "
+            f"{r.get('error')}")
 
 
 def _process_problem(run, expected: str, requests: list[dict] = ()) -> Miss:
@@ -107,13 +108,19 @@ def _process_problem(run, expected: str, requests: list[dict] = ()) -> Miss:
                     Outcome.NOT_IMPLEMENTED if skeleton else Outcome.MISSING)
     receive = _receive_failures(list(requests))
     if receive:
-        expected = "Your receive (step 5) failed inside the warehouse, so it could not ACK: make step 5 pass first."
+        expected = ("Your open_sink or receive (steps 2 and 5) failed inside the warehouse, so it could not ACK: "
+                    "make those steps pass first.")
     acked = [r for r in requests if r.get("status") == 200 and r.get("response") == "ack"]
     if (not receive and acked and record is not None and record["outcome"].get("kind") == "raised"
             and record["outcome"].get("type") == "DeliveryError"):
         receive = f"; yet the warehouse had answered 200 with the ACK {{\"ack\": \"{acked[-1].get('id')}\"}}"
         expected = ("Your send_http refused the warehouse's real ACK: parse the reply (json.loads) and compare the "
                     "value with {\"ack\": id}, not the bytes with one particular spelling (step 8).")
+    if not receive and record is not None and record["outcome"].get("kind") == "raised" and not requests and (
+            "TimeoutError" in record["outcome"].get("mro", []) or "timed out" in record["outcome"].get("message", "")):
+        receive = "; the warehouse never answered"
+        expected = ("The warehouse answers once your receive (step 5) returns, on a connection your open_sink opened: "
+                    "if either hangs or waits on a lock, the publisher's send_http times out. Make step 5 pass first.")
     if record is not None:
         return Miss(f"dispatch {outcome_text(record['outcome'])} (exit code {run.exit_code}){receive}", expected)
     if run.timed_out:

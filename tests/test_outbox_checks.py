@@ -303,6 +303,16 @@ def validate_event(event):
             pass
     return dict(event)
 """),
+    "receive hangs inside the warehouse": ("final", "the warehouse never answered", """
+import time as _time
+def receive(con, event):
+    _time.sleep(30)
+    return True
+"""),
+    "open_sink fails inside the warehouse": ("final", "the warehouse ran your open_sink and receive", """
+def open_sink(path):
+    raise sqlite3.OperationalError("disk I/O error (pretend)")
+"""),
     "mark_sent calls sys.exit()": ("6", "Don't call sys.exit()", """
 import sys as _sys
 def mark_sent(con, event_id):

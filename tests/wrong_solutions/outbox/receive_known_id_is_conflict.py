@@ -1,4 +1,4 @@
-"""Wrong: receive raises Conflict for every known id, even a duplicate with the same body. Fails step final. Clause: final.lost-response-redelivered. Message: Your receive (step 5) failed inside the warehouse, so it could not ACK"""
+"""Wrong: receive raises Conflict for every known id, even a duplicate with the same body. Fails step final. Clause: final.lost-response-redelivered. Message: failed inside the warehouse, so it could not ACK"""
 
 # --- provided code -----------------------------------------------
 import json
