@@ -25,7 +25,7 @@ from labkit.judge.expect import (
     under,
 )
 from labkit.judge.run import StepContext
-from labkit.judge.verdict import Case
+from labkit.judge.verdict import Case, Outcome
 from labkit.values import decode, encode, same, show
 
 
@@ -158,7 +158,16 @@ def check_validate(ctx: StepContext) -> list[Case]:
         if plan.clauses[0] == "1.returns-equal":
             plan.clauses += ("1.returns-new", "1.input-unchanged")
     hints = {clause: hint for clause, _label, _tries, hint in groups}
-    return ctx.cases("validating", plans, {"cases_spec": specs}) + _validate_property(ctx, hints)
+    cases = ctx.cases("validating", plans, {"cases_spec": specs})
+    if not all(case.passed for case in cases):
+        # Generated inputs would only find again, under some seeds and not others, what the
+        # fixed cases found under every seed: they are tried once those pass.
+        return cases + [Case(PROPERTY_NAME, Outcome.NOT_REACHED, "validate_event on 150 generated events",
+                             "the contract's outcome for each", "not run: fix the cases above first")]
+    return cases + _validate_property(ctx, hints)
+
+
+PROPERTY_NAME = "validate_event agrees with the contract on 150 generated events"
 
 
 def _validate_property(ctx: StepContext, hints: dict[str, str]) -> list[Case]:
@@ -173,8 +182,7 @@ def _validate_property(ctx: StepContext, hints: dict[str, str]) -> list[Case]:
         return clause, hints.get(clause, "A valid event comes back as a new dict with the same keys and values.")
 
     return differential(ctx, "validate_event", _event_strategy(), oracle, clause_of=clause_of,
-                        clauses=tuple(hints), unchanged="1.input-unchanged",
-                        name="validate_event agrees with the contract on 150 generated events")
+                        clauses=tuple(hints), unchanged="1.input-unchanged", name=PROPERTY_NAME)
 
 
 def _nearest_bound(event: dict) -> str:
