@@ -184,6 +184,7 @@ STEP_8 = [
     Clause("8.url-whitespace", "Nothing around or inside the URL: a leading space, a final newline, a tab or "
                                "newline inside (urlsplit silently drops those) are ValueError."),
     Clause("8.before-connect", "A refused url or timeout raises before any connection is made."),
+    Clause("8.timeout-default", "timeout defaults to 2.0 seconds: send_http(url, event, timeout=2.0)."),
     Clause("8.timeout-type", "timeout is an int or a float, not bool: True, False, '2', None are ValueError."),
     Clause("8.timeout-positive", "timeout is positive: 0, 0.0, -0.0 and -1 are ValueError; an int is accepted."),
     Clause("8.timeout-finite", "timeout is finite: nan, inf and -inf are ValueError."),

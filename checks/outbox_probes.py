@@ -11,6 +11,7 @@ what a child may see (labkit.probe, labkit.values): never the judge's side.
 from __future__ import annotations
 
 import http.client
+import inspect
 import json
 import os
 import sqlite3
@@ -241,6 +242,9 @@ def sending(mod, args: dict) -> None:
     send_http = probe.function(mod, "send_http")
     for spec in args["calls"]:
         probe.started(spec["name"])
+        if spec.get("default_of"):  # the signature's default: a fact about the function itself
+            probe.report(spec["name"], _default(send_http, spec["default_of"]), received=[])
+            continue
         values = [decode(a) for a in spec["args"]]
         started = time.monotonic()
         outcome, kept = probe.call_keep(send_http, *values)
@@ -249,6 +253,17 @@ def sending(mod, args: dict) -> None:
             see(args["witness"], spec["name"], "after")
         del kept
         probe.report(spec["name"], outcome, seconds=round(seconds, 3), received=probe.received(values))
+
+
+def _default(fn, parameter: str) -> dict:
+    if fn is None:
+        return {"kind": "missing"}
+    try:
+        found = inspect.signature(fn).parameters.get(parameter)
+    except (TypeError, ValueError) as exc:
+        return probe.describe_exception(exc)
+    value = None if found is None or found.default is inspect.Parameter.empty else found.default
+    return {"kind": "returned", "value": encode(value)}
 
 
 # --- final check --------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from labkit.judge.expect import (
 )
 from labkit.judge.run import StepContext
 from labkit.judge.verdict import Case
-from labkit.values import encode, show
+from labkit.values import decode, encode, show
 
 NETWORK_HINT = ("Network failures are not DeliveryError: let the OSError propagate "
                 "(the row stays pending and is re-sent later).")
@@ -154,6 +154,17 @@ def json_ack(event_id: str | None) -> bytes:
     return json.dumps({"ack": event_id}).encode()
 
 
+def _two_seconds(record):
+    outcome = record["outcome"]
+    value = decode(outcome["value"]) if outcome["kind"] == "returned" else None
+    if type(value) in (int, float) and value == 2:
+        return None
+    shown = "no default" if outcome["kind"] == "returned" and value is None else outcome_text(outcome)
+    return Miss(f"timeout's default is {shown}" if outcome["kind"] == "returned" else shown,
+                "The contract's signature is send_http(url, event, timeout=2.0): a caller that passes no timeout "
+                "waits at most 2 s.")
+
+
 def _no_connection(listener) -> Check:
     def check(record):
         if listener.visits:
@@ -277,6 +288,11 @@ def check_send_http(ctx: StepContext) -> list[Case]:
               "connection", [listener.url, h.fresh("timeout"), bad], listener,
               [(clause, raises("ValueError", TIMEOUT_HINT)), ("8.before-connect", _no_connection(listener))],
               close_check=False, silent=True)
+    h.plans.append(Plan("the default timeout is 2 seconds", "inspect.signature(send_http): timeout's default",
+                        "2.0 (send_http(url, event, timeout=2.0))", under("8.timeout-default", _two_seconds),
+                        clauses=("8.timeout-default",)))
+    h.specs.append({"name": "the default timeout is 2 seconds", "default_of": "timeout", "args": []})
+    h.silent.add("the default timeout is 2 seconds")
     for good_timeout in (2, 0.5):
         listener = listen([reply(200, json_ack)])
         h.add(f"timeout {good_timeout!r} is accepted", f"send_http(url, event, timeout={good_timeout!r})", "True",
