@@ -170,7 +170,7 @@ def rows_for(state: dict, table: str, key: str, value: str) -> list[dict]:
 def check_accept(ctx: StepContext) -> list[Case]:
     rng = ctx.rng
     path = db.make_source(ctx.path("source.db"))
-    first = event(name(rng, "z"), name(rng, "sku", 3), rng.randint(2, 999))
+    first = event(name(rng, "z"), name(rng, "sku", 3), rng.randint(1, 1000))
     second = event(name(rng, "a"), first["sku"], rng.randint(1, 1000))
     boom, bang = event(name(rng, "boom"), "snack", 3), event(name(rng, "bang"), "snack", 4)
     db.script(path, f"""
@@ -215,10 +215,10 @@ def check_accept(ctx: StepContext) -> list[Case]:
                ("3.same-content", steps.unchanged("the same order, its keys in another order", no_change))])
     conflict = ("Compare the stored body with the new one: different → raise Conflict "
                 "(declared `class Conflict(Exception)`).")
-    # a larger and a smaller qty: the stored body sorts before one and after the other
-    for label, changed in (("same id, a larger qty", {**first, "qty": first["qty"] + 1}),
-                           ("same id, a smaller qty", {**first, "qty": first["qty"] - 1}),
-                           ("same id, another sku", {**first, "sku": first["sku"] + "x"})):
+    # the stored body sorts after one conflicting body and before the other, whatever the seed
+    for label, changed in (("same id, another qty", {**first, "qty": first["qty"] % 1000 + 1}),
+                           ("same id, a sku that sorts before it", {**first, "sku": "A" + first["sku"][1:]}),
+                           ("same id, a sku that sorts after it", {**first, "sku": first["sku"] + "x"})):
         steps.add(label, path, [changed], "Conflict; nothing changes",
                   [("3.conflict", is_module_exception("Conflict", conflict)),
                    ("3.conflict-no-change", steps.unchanged(label, "A conflict changes nothing: raise before writing "
@@ -398,7 +398,8 @@ def check_receive(ctx: StepContext) -> list[Case]:
                                                  "same content.")),
                ("5.same-content", steps.unchanged("the same event, its keys in another order", no_change))])
     for label, changed in (("same id, another qty", {**first, "qty": first["qty"] + 1}),
-                           ("same id, another sku", {**first, "sku": "other"})):
+                           ("same id, a sku that sorts before it", {**first, "sku": "other"}),
+                           ("same id, a sku that sorts after it", {**first, "sku": sku + "x"})):
         steps.add(label, path, [changed], "Conflict; nothing changes",
                   [("5.conflict", is_module_exception("Conflict", "Same id with a different body is a Conflict.")),
                    ("5.conflict-no-change", steps.unchanged(label, no_change))])

@@ -17,7 +17,7 @@ from labkit.judge.expect import (
     describe,
 )
 from labkit.judge.run import StepContext
-from labkit.judge.verdict import Case
+from labkit.judge.verdict import Case, Outcome
 from labkit.values import Opaque, decode, show
 
 Check = Callable[[dict], Miss | None]
@@ -101,3 +101,16 @@ def cases_side_by_side(ctx: StepContext, probe: str, groups: list[tuple[list[Pla
         runs = [pool.submit(ctx.cases, probe, plans, args, env=env) for plans, args in groups]
         found = {case.name: case for run in runs for case in run.result()}
     return [found[plan.name] for plans, _ in groups for plan in plans]
+
+
+DRAWN_NOTE = "not judged: the fixed cases above fail; fix them first"
+
+
+def drawn_after_fixed(cases: list[Case], drawn: set[str]) -> list[Case]:
+    """Cases whose input the seed draws add to a step whose fixed cases pass. When a fixed case
+    fails they are not judged: a drawn input would find the same mistake under some seeds and
+    not others, and one submission would get different verdicts."""
+    if all(case.passed for case in cases if case.name not in drawn):
+        return cases
+    return [case if case.name not in drawn else
+            Case(case.name, Outcome.NOT_REACHED, case.called, case.expected, DRAWN_NOTE) for case in cases]

@@ -9,6 +9,7 @@ from checks.outbox_common import (
     NOT_SEEN,
     Check,
     cases_side_by_side,
+    drawn_after_fixed,
     event,
     name,
     outcome_text,
@@ -83,6 +84,7 @@ class SendHttp:
         self.listeners: dict[str, Any] = {}
         self.leak_seen = False
         self.silent: set[str] = set()  # cases refused before any connection
+        self.drawn: set[str] = set()  # cases whose input the seed draws
         self.witness = Witness(self._look)
         self.proxy = self.replier.listen([self._reply(200, lambda i: json_ack(i))])
 
@@ -143,7 +145,7 @@ class SendHttp:
                            {"calls": [s for s, t in zip(self.specs, talks, strict=True) if t == side],
                             "witness": self.witness.url}) for side in (False, True)]
                 found = {c.name: c for c in cases_side_by_side(self.ctx, "sending", groups, env=env)}
-            return [found[p.name] for p in self.plans]
+            return drawn_after_fixed([found[p.name] for p in self.plans], self.drawn)
         finally:
             self.replier.close()
 
@@ -253,11 +255,14 @@ def check_send_http(ctx: StepContext) -> list[Case]:
     h.add("localhost is allowed", "send_http('http://localhost:PORT/events', ...)", "True",
           [listener.url.replace("127.0.0.1", "localhost"), local], listener,
           [("8.url-host-localhost", returns(True, URL_HINTS["8.url-host-loopback"]))])
-    for host in ("127.0.0.2", f"127.{rng.randint(1, 254)}.{rng.randint(0, 255)}.{rng.randint(1, 254)}"):
+    drawn = f"127.{rng.randint(1, 254)}.{rng.randint(0, 255)}.{rng.randint(1, 254)}"
+    for host, label in (("127.0.0.2", "127.0.0.2 is in 127.0.0.0/8"),
+                        (drawn, "an address the seed draws in 127.0.0.0/8")):
         e = h.fresh("loop")
         listener = listen([reply(200, json_ack)], host=host)
-        h.add(f"{host} is in 127.0.0.0/8", f"send_http('http://{host}:PORT/events', ...)", "True", [listener.url, e],
+        h.add(label, f"send_http('http://{host}:PORT/events', ...)", "True", [listener.url, e],
               listener, [("8.url-host-loopback", returns(True, URL_HINTS["8.url-host-loopback"]))])
+    h.drawn.add("an address the seed draws in 127.0.0.0/8")
     for label, url, clause, hint in (
             ("127.255.255.255 is in 127.0.0.0/8", "http://127.255.255.255:9/events", "8.url-host-loopback",
              "127.255.255.255 is in 127.0.0.0/8: accept it (here the network then refuses: an OSError)."),

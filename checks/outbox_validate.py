@@ -7,7 +7,15 @@ import string
 from dataclasses import dataclass
 from typing import Any
 
-from checks.outbox_common import BOOL_HINT, INPUT_HINT, Check, event, listing, outcome_text
+from checks.outbox_common import (
+    BOOL_HINT,
+    DRAWN_NOTE,
+    INPUT_HINT,
+    Check,
+    event,
+    listing,
+    outcome_text,
+)
 from checks.outbox_inputs import (
     INT_LOOKALIKES,
     LETTERS_DIGITS,
@@ -113,12 +121,9 @@ def _name_cases(field: str, longest: int, base: dict, rng: random.Random) -> lis
 def check_validate(ctx: StepContext) -> list[Case]:
     rng = ctx.rng
     base = event("snack-7", "Snack", 7)  # a capital: a result that changes case shows
-    rand = event("A" + "".join(rng.choices(NAME_REST, k=rng.randint(0, 63))),
-                 rng.choice(LETTERS_DIGITS) + "".join(rng.choices(NAME_REST, k=rng.randint(0, 31))),
-                 rng.randint(1, 1000))
     pairs = [(k, v) for k, v in base.items()]
     groups: list[tuple] = [
-        ("1.returns-equal", "a plain event and a random valid one (2 calls)", [Try(base, True), Try(rand, True)],
+        ("1.returns-equal", "a plain event (1 call)", [Try(base, True)],
          "A valid event comes back as a new dict with the same three keys and values."),
         ("1.event-dict", "not a dict (None, a list of pairs, a JSON string, a tuple, an int: 5 calls)",
          [Try(v, False) for v in (None, pairs, stores.canonical(base), tuple(pairs), 7)], "An event must be a dict."),
@@ -163,7 +168,7 @@ def check_validate(ctx: StepContext) -> list[Case]:
         # Generated inputs would only find again, under some seeds and not others, what the
         # fixed cases found under every seed: they are tried once those pass.
         return cases + [Case(PROPERTY_NAME, Outcome.NOT_REACHED, "validate_event on 150 generated events",
-                             "the contract's outcome for each", "not run: fix the cases above first")]
+                             "the contract's outcome for each", DRAWN_NOTE)]
     return cases + _validate_property(ctx, hints)
 
 
