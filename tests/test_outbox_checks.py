@@ -313,6 +313,12 @@ def receive(con, event):
 def open_sink(path):
     raise sqlite3.OperationalError("disk I/O error (pretend)")
 """),
+    "send_http returns only after the step's time limit": ("8", "no answer within 4 s", """
+import time as _time
+def send_http(url, event, timeout=2.0):
+    _time.sleep(60)
+    return True
+""", 4.0),
     "mark_sent calls sys.exit()": ("6", "Don't call sys.exit()", """
 import sys as _sys
 def mark_sent(con, event_id):
@@ -324,10 +330,10 @@ COURSE_BLAME = ("checker itself failed", "bug in the course", "the warehouse's f
 
 @pytest.mark.parametrize("label", list(HOSTILE))
 def test_hostile_student_code_gets_a_verdict_about_itself(lab, tmp_path, label):
-    step, told, code = HOSTILE[label]
+    step, told, code, *timeout = HOSTILE[label]
     module = tmp_path / "worker.py"
     module.write_text(REFERENCE.read_text() + "\n# --- the student's change ---\n" + code)
-    verdict = by_step(run_lab(lab, module, steps=[step], seed=SEED))[step]
+    verdict = by_step(run_lab(lab, module, steps=[step], seed=SEED, timeout=timeout[0] if timeout else None))[step]
     messages = failures(verdict)
     assert verdict.status == "failed", f"{label}: step {step} is {verdict.status}:\n{messages}"
     assert not any(blame in messages for blame in COURSE_BLAME), f"{label}:\n{messages}"
