@@ -114,3 +114,12 @@ def drawn_after_fixed(cases: list[Case], drawn: set[str]) -> list[Case]:
         return cases
     return [case if case.name not in drawn else
             Case(case.name, Outcome.NOT_REACHED, case.called, case.expected, DRAWN_NOTE) for case in cases]
+
+
+def told(data: Any) -> Any:
+    """A value the child sent along with a sighting or a note (tagged as labkit.values does), or
+    an Opaque when it is not one: what the child says must never crash the judge."""
+    try:
+        return decode(data)
+    except Exception:
+        return Opaque("?", "<unreadable>")

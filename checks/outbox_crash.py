@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from checks import outbox_db as db
-from checks.outbox_common import event, flags_text, listing, name, outcome_text
+from checks.outbox_common import event, flags_text, listing, name, outcome_text, told
 from checks.outbox_dispatch import MARK_BEFORE_SEND
 from checks.outbox_send import NETWORK_HINT
 from labkit.judge.expect import (
@@ -19,7 +19,7 @@ from labkit.judge.expect import (
 )
 from labkit.judge.run import StepContext
 from labkit.judge.verdict import Case, Outcome
-from labkit.values import decode, same
+from labkit.values import same
 
 SNACK = {"id": "snack-7", "sku": "snack", "qty": 7}
 FINAL_FAULTS = {
@@ -55,7 +55,7 @@ def _timeline_process(ctx, label, run, killed=False):
     for note in run.messages():
         if note.get("kind") == "hook":
             ctx.evidence.timeline.append({"t": note["t"], "actor": label, "kind": "ack",
-                                          "text": f"ACK for {decode(note['id'])} verified; after_delivery runs os._exit"})
+                                          "text": f"ACK for {told(note.get('id'))} verified; after_delivery runs os._exit"})
     kind = "killed" if killed and run.exit_code == 73 else "exit"
     ctx.evidence.timeline.append({"t": run.ended_at, "actor": label, "kind": kind, "text": f"exit code {run.exit_code}"})
 

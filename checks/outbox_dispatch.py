@@ -17,6 +17,7 @@ from checks.outbox_common import (
     listing,
     name,
     outcome_text,
+    told,
     value_text,
 )
 from checks.outbox_witness import Witness
@@ -31,7 +32,7 @@ from labkit.judge.expect import (
 )
 from labkit.judge.run import StepContext
 from labkit.judge.verdict import Case
-from labkit.values import decode, encode, same
+from labkit.values import encode, same
 
 MARK_BEFORE_SEND = ("The row was marked sent before the warehouse answered: a crash during delivery "
                     "would lose it. Call send first, mark only after a True ACK.")
@@ -129,7 +130,7 @@ class Dispatches:
 
         def check(record):
             for s in self.sends(case):
-                got = decode(s.said.get("event", encode(None)))
+                got = told(s.said.get("event"))
                 if s.said.get("not_a_copy"):
                     return Miss(f"send received the very dict that pending returned (for {_id_of(s)})",
                                 "Pass a fresh copy (`dict(event)`): the callee may change its argument.")
@@ -185,14 +186,14 @@ class Dispatches:
     def hooked(self, case: str, want: list[str]) -> Check:
         def check(record):
             hooks = self.hooks(case)
-            got = [decode(h.said.get("event_id", encode(None))) for h in hooks]
+            got = [told(h.said.get("event_id")) for h in hooks]
             if got != want:
                 return Miss(f"after_delivery was called with {listing(map(repr, got))}",
                             "After each True ACK call after_delivery(event_id) with the id as selected, then mark_sent;"
                             " never for a failed send.")
             for h in hooks:
                 flags = h.saw.get("flags")
-                if isinstance(flags, dict) and flags.get(decode(h.said["event_id"])) == 1:
+                if isinstance(flags, dict) and flags.get(told(h.said.get("event_id"))) == 1:
                     return Miss("the row was already marked when after_delivery ran",
                                 "Call after_delivery(event_id) after the ACK and before mark_sent.")
             return None
@@ -208,7 +209,7 @@ class Dispatches:
 
 
 def _id_of(sighting) -> Any:
-    got = decode(sighting.said.get("event", encode(None)))
+    got = told(sighting.said.get("event"))
     return got.get("id") if isinstance(got, dict) else None
 
 

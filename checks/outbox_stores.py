@@ -128,9 +128,22 @@ def _outbox_rules(path: Path) -> list[tuple[str, Check]]:
                 return Miss(f"{column} accepted NULL", f"Declare {column.split('.')[1]} `NOT NULL`, as the contract does.")
         return None
 
-    return [("2.outbox-autoincrement", autoincrement), ("2.outbox-id-unique", unique),
-            ("2.outbox-sent-default", default), ("2.outbox-sent-check", check_constraint),
-            ("2.source-not-null", not_null)]
+    return [("2.outbox-autoincrement", _on_a_copy(autoincrement)), ("2.outbox-id-unique", _on_a_copy(unique)),
+            ("2.outbox-sent-default", _on_a_copy(default)), ("2.outbox-sent-check", _on_a_copy(check_constraint)),
+            ("2.source-not-null", _on_a_copy(not_null))]
+
+
+def _on_a_copy(check: Check) -> Check:
+    """A constraint experiment needs a copy of the file: one that cannot be copied is a verdict too."""
+
+    def guarded(record: dict) -> Miss | None:
+        try:
+            return check(record)
+        except OSError as exc:
+            return Miss(f"the judge could not copy the database file to try its constraints: {exc}",
+                        "open_source must leave a database file at the path it was given.")
+
+    return guarded
 
 
 def _opened(path: Path, fn: str, witness: Witness, case: str, clause: str) -> list[tuple[str, Check]]:
