@@ -5,6 +5,8 @@ this run's marker (found as the reaper finds them, through /proc/*/environ), chi
 of this test process, zombies among them, listening TCP sockets of this process and its
 children, and the judge's `labkit-*` temp dirs. Both snapshots must be equal.
 
+Every test runs for each lab (lab 01's outbox, lab 02's vending machine).
+
 Other runs may share the machine, so the markers get a prefix of our own and the temp dir is
 private to the test: what we count is ours alone.
 """
@@ -25,7 +27,9 @@ from labkit.judge.run import run_lab
 from labkit.limits import RUN_MARKER
 
 ROOT = Path(__file__).resolve().parents[1]
-REFERENCE = ROOT / "solutions" / "worker.py"
+# Each lab's reference, and the plain (not async) step-1 function whose first lines a test replaces.
+LABS = {"outbox": (ROOT / "solutions" / "worker.py", "validate_event"),
+        "vending": (ROOT / "solutions" / "client.py", "parse_line")}
 
 
 @pytest.fixture
@@ -97,24 +101,30 @@ def snapshot(prefix: str, private: Path) -> dict:
     }
 
 
-def with_code(tmp_path: Path, function: str, *lines: str) -> Path:
-    """The reference solution with `lines` run first in `function`."""
-    source = REFERENCE.read_text()
+def with_code(tmp_path: Path, lab: str, *lines: str) -> Path:
+    """The lab's reference solution with `lines` run first in its chosen function."""
+    reference, function = LABS[lab]
+    source = reference.read_text()
     head = re.compile(rf"^def {function}\(.*\):\n", re.M)
     assert len(head.findall(source)) == 1, function
-    path = tmp_path / "worker.py"
+    path = tmp_path / reference.name
     path.write_text(head.sub(lambda m: m.group(0) + "".join(f"    {line}\n" for line in lines), source))
     return path
 
 
+@pytest.fixture(params=sorted(LABS))
+def lab(request) -> str:
+    return request.param
+
+
 @pytest.fixture
-def judged(tag, judge_tmp):
+def judged(tag, judge_tmp, lab):
     """Run the judge and prove that the world afterwards is the world before."""
     private, created = judge_tmp
 
     def run(solution: Path, steps=None, timeout=None):
         before = snapshot(tag, private)
-        verdict = run_lab(labs.load("outbox"), solution, steps=steps, seed=1, timeout=timeout)
+        verdict = run_lab(labs.load(lab), solution, steps=steps, seed=1, timeout=timeout)
         after = snapshot(tag, private)
         assert after == before
         assert created, "the judge made no temp dir: this test would not see one left behind"
@@ -124,34 +134,43 @@ def judged(tag, judge_tmp):
     return run
 
 
-def test_full_reference_run(judged):
-    assert judged(REFERENCE).passed
+def test_full_reference_run(judged, lab):
+    assert judged(LABS[lab][0]).passed
 
 
-def test_hanging_step(judged, tmp_path):
-    verdict = judged(with_code(tmp_path, "validate_event", "while True:", "    pass"), steps=[1], timeout=2)
+def test_hanging_step(judged, tmp_path, lab):
+    verdict = judged(with_code(tmp_path, lab, "while True:", "    pass"), steps=[1], timeout=2)
     assert verdict.steps[0].cases[0].outcome == "timed_out"
 
 
-def test_step_that_kills_itself(judged, tmp_path):
-    verdict = judged(with_code(tmp_path, "validate_event", "import os", "os._exit(9)"), steps=[1])
+def test_step_that_kills_itself(judged, tmp_path, lab):
+    verdict = judged(with_code(tmp_path, lab, "import os", "os._exit(9)"), steps=[1])
     assert not verdict.passed
 
 
 @pytest.mark.parametrize("close_fds", [False, True], ids=["keeps its fds", "closes its fds"])
-def test_grandchild_that_escapes_with_setsid(judged, tmp_path, close_fds):
+def test_grandchild_that_escapes_with_setsid(judged, tmp_path, close_fds, lab):
+    # The parent records each grandchild's pid itself, after the grandchild has said (through a
+    # pipe) that its setsid is done: every escapee is on the list before the reaper can act.
+    # (A grandchild writing its own pid raced the reaper: 4 of 12 runs failed under load.)
     pids = tmp_path / "grandchildren.txt"
     path = with_code(
-        tmp_path, "validate_event",
+        tmp_path, lab,
         "import os, time",
-        "if os.fork() == 0:",
+        "ready, tell = os.pipe()",
+        "child = os.fork()",
+        "if child == 0:",
         "    os.setsid()",
-        f"    with open({str(pids)!r}, 'a') as fh:",
-        "        fh.write(f'{os.getpid()}\\n')",
+        "    os.write(tell, b'x')",
         "    if " + repr(close_fds) + ":",
         "        os.closerange(0, 65536)",
         "    time.sleep(60)",
         "    os._exit(0)",
+        "os.close(tell)",
+        "os.read(ready, 1)",
+        "os.close(ready)",
+        f"with open({str(pids)!r}, 'a') as fh:",
+        "    fh.write(f'{child}\\n')",
     )
     verdict = judged(path, steps=[1])
     assert verdict.passed  # the parent's answers are right; only its grandchildren misbehave
