@@ -71,13 +71,15 @@ def standing(step: StepVerdict, saved: dict[str, str] | None = None, where: str 
                         f"Your module has no {_listing(missing)} yet: write it (step {number} of the contract), "
                         "then check again.")
     cell = f"`%%step {number}` cell"
+    if saved is not None and number not in saved:
+        also = "" if "header" in saved else " (and the provided-code cell, `%%step header`, near the top)"
+        return Standing("not_implemented", "not run yet",
+                        f"Run the {cell} above first{also}: it saves your code into your module. "
+                        "Then run this check again.")
     if saved is not None and "header" not in saved:
         return Standing("not_implemented", "not run yet",
                         "Run the provided-code cell (`%%step header`, near the top) first: it holds the "
                         f"module's imports. Then the {cell}, then this check again.")
-    if saved is not None and number not in saved:
-        return Standing("not_implemented", "not run yet",
-                        f"Run the {cell} above first: it saves your code into your module. Then run this check again.")
     if skeleton:
         own = None if saved is None else saved.get(number, "")
         if own is not None and "NotImplementedError" not in own:
