@@ -72,13 +72,11 @@ def reference(lab: str, step: str) -> str | None:
 
 
 def _show(lab: Lab, step: str, code: str) -> None:
-    from IPython.display import display
-
-    from labkit.views import display as views
+    from labkit.views import display
 
     title = f"Step {step}'s reference solution (revealed: your grader sees this)"
-    bundle = views._static_bundle(f"{title}\n\n{code}", views.code_html(title, code), paired=False)
-    display(bundle, raw=True, metadata={"labkit": {"revealed": step, "lab": lab.name}})
+    display.show(f"{title}\n\n{code}", display.code_html(title, code),
+                 metadata={"labkit": {"revealed": step, "lab": lab.name}})
 
 
 def offer(lab: Lab, step: str, confirm: bool) -> None:

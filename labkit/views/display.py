@@ -36,11 +36,12 @@ def _static_bundle(text: str, html: str, paired: bool) -> dict:
     return {"text/plain": text, "text/html": f'{render_html.STYLE}<div class="{css}">{note}{html}</div>'}
 
 
-def show(text: str, html: str, live=None, display_id: str | None = None) -> None:
-    """Display a static copy, then the live widget `live` (if any) as its own output."""
+def show(text: str, html: str, live=None, display_id: str | None = None, metadata: dict | None = None) -> None:
+    """Display a static copy (with output `metadata`, if any), then the live widget `live` (if any)
+    as its own output."""
     from IPython.display import display
 
-    display(_static_bundle(text, html, live is not None), raw=True, display_id=display_id)
+    display(_static_bundle(text, html, live is not None), raw=True, display_id=display_id, metadata=metadata)
     if live is not None:
         view = {"version_major": 2, "version_minor": 0, "model_id": live.model_id}
         display({"text/plain": "", WIDGET_VIEW: view}, raw=True)
@@ -91,12 +92,6 @@ def show_ladder(ladder: list[dict], seed: int | None = None) -> None:
     if seed is not None:
         html += f'<div class="lk-foot">from the final check with seed {seed}</div>'
     show(text, f'<div class="lk-step">{html}</div>')
-
-
-def show_message(text: str) -> None:
-    from html import escape
-
-    show(text, f'<div class="lk-progress">{escape(text)}</div>')
 
 
 # --- progress ---------------------------------------------------------------------------
