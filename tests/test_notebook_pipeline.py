@@ -165,6 +165,7 @@ def test_order_mistakes_and_syntax_errors_read_in_the_students_terms(tmp_path, j
         'normalize_sku("x")',  # a scratch cell: NameError inside the step's function
         'lab.reveal(1)',
         'lab.reveal(1, confirm=True)',
+        'lab.check(99)',
     ]
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
     client = NotebookClient(nb, timeout=120, kernel_name="python3", allow_errors=True,
@@ -189,3 +190,4 @@ def test_order_mistakes_and_syntax_errors_read_in_the_students_terms(tmp_path, j
     assert shown and '"-".join(s.split())' in text[10]
     revealed = json.loads((tmp_path / "work" / "revealed-start-here.json").read_text())
     assert set(revealed["steps"]) == {"1"}
+    assert "Lab start-here has no step 99; its checks are 1." in text[11] and not _error_text(nb.cells[11])

@@ -129,9 +129,14 @@ class Lab:
         return LabVerdict(self.name, seed=0, steps=[StepVerdict(spec.step, spec.title, spec.points, [case])])
 
     def check(self, step: str | int):
+        from labkit.labs import load
         from labkit.notebook import progress
         from labkit.views import display
 
+        known = [str(s.step) for s in load(self.name).steps]
+        if str(step) not in known:
+            display.show_next(f"Lab {self.name} has no step {step!r}; its checks are {', '.join(known)}.")
+            return None
         saved = self.saved_parts()
         verdict = self._not_run_yet(str(step), saved)
         if verdict is not None:  # nothing was judged: no seed to show
