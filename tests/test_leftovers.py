@@ -27,9 +27,19 @@ from labkit.judge.run import run_lab
 from labkit.limits import RUN_MARKER
 
 ROOT = Path(__file__).resolve().parents[1]
-# Each lab's reference, and the plain (not async) step-1 function whose first lines a test replaces.
-LABS = {"outbox": (ROOT / "solutions" / "worker.py", "validate_event"),
-        "vending": (ROOT / "solutions" / "client.py", "parse_line")}
+
+
+def _step_one(reference: Path) -> str:
+    """The first plain (not async) function of step 1 in a reference module: a test puts its lines there."""
+    text = reference.read_text()
+    step = text.split("# --- step 1 ", 1)[1].split("# --- step ", 1)[0]
+    return re.search(r"^def (\w+)\(", step, re.M).group(1)
+
+
+# Every lab (lab 03 too once it lands; not the warm-up), its reference, and where its step 1 code lives.
+LABS = {lab: (ROOT / "solutions" / module, _step_one(ROOT / "solutions" / module))
+        for lab, module in labs.MODULE_FILES.items()
+        if lab != "start-here" and lab in labs.available() and (ROOT / "solutions" / module).exists()}
 
 
 @pytest.fixture
