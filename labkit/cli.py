@@ -110,7 +110,7 @@ def run_release(args: argparse.Namespace) -> int:
 
     try:
         written = release(args.out.resolve())
-    except FileExistsError as exc:
+    except (FileExistsError, FileNotFoundError) as exc:
         raise UsageError(str(exc)) from None
     except RuntimeError as exc:
         print(f"python -m labkit release: {exc}", file=sys.stderr)

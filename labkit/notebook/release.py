@@ -30,7 +30,11 @@ class Leak:
 
 
 def tracked_files(root: Path) -> list[str]:
-    out = subprocess.run(["git", "-C", str(root), "ls-files", "-z"], capture_output=True, check=True, timeout=60)
+    """The files git tracks in the course checkout (never a student's workspace, venv or caches)."""
+    try:
+        out = subprocess.run(["git", "-C", str(root), "ls-files", "-z"], capture_output=True, check=True, timeout=60)
+    except (OSError, subprocess.CalledProcessError) as exc:
+        raise FileNotFoundError(f"{root} is not a git clone of the course (git ls-files failed: {exc})") from None
     return [p for p in out.stdout.decode().split("\0") if p]
 
 
