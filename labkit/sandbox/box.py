@@ -1,0 +1,186 @@
+"""One run of one program in a sandbox: prepare, spawn, then close and say what happened.
+
+    box = Box.open(policy)                 # cgroup made, writable dirs handed to the uid
+    proc = box.spawn(argv, stdout=..., ...)   # subprocess.Popen of the wrapped command line
+    ...                                    # the caller waits, reads pipes, kills on timeout
+    report = box.close(proc)               # everything in it killed, usage read, cgroup gone
+
+The named outcomes (`Outcome`) follow CMS's sandbox statuses. `NullBox` runs the program as
+it is (no sandbox) behind the same interface, so callers never branch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+
+from labkit.sandbox import bwrap, cgroups
+from labkit.sandbox.policy import Policy
+
+# bwrap reports a death by signal N as exit status 128 + N, like a shell.
+SIGNAL_BASE = 128
+
+
+class Outcome(StrEnum):
+    OK = "ok"  # exit status 0
+    NONZERO = "nonzero"  # exited with another status
+    SIGNALED = "signaled"  # killed by a signal
+    MEMORY_LIMIT = "memory-limit"  # the cgroup's memory limit was hit and the kernel killed it
+    # The sandbox never started (no bwrap process: the cgroup could not be joined, bwrap is
+    # missing). A failure inside bwrap's own set-up shows as exit 1 with "bwrap: ..." on stderr.
+    SANDBOX_ERROR = "sandbox-error"
+
+
+@dataclass
+class Report:
+    outcome: Outcome
+    returncode: int | None  # like Popen's: negative = killed by that signal
+    child_pid: int | None = None  # bwrap's first process inside, as the host sees it
+    memory_peak: int | None = None
+    oom_kills: int = 0
+    pids_refused: int = 0
+    leftovers_killed: int = 0
+
+
+def returncode(raw: int | None) -> int | None:
+    """bwrap's exit status → Popen's convention: 128+N (N a signal) → -N; others unchanged."""
+    if raw is not None and SIGNAL_BASE < raw <= SIGNAL_BASE + signal.SIGRTMAX:
+        return -(raw - SIGNAL_BASE)
+    return raw
+
+
+def hand_over(path: Path, uid: int, gid: int) -> None:
+    """Make a dir and what is in it the sandbox uid's, so the program can write there.
+
+    Links are changed, never followed (lchown); nothing outside `path` is touched.
+    """
+    os.lchown(path, uid, gid)
+    for root, dirs, files in os.walk(path):
+        for name in dirs + files:
+            try:
+                os.lchown(os.path.join(root, name), uid, gid)
+            except FileNotFoundError:
+                pass
+
+
+@dataclass
+class Box:
+    policy: Policy
+    group: cgroups.Group | None = None
+    _status_r: int | None = None
+    _status_w: int | None = None
+    _copies: dict[str, int] = field(default_factory=dict)
+    active: bool = True
+
+    @classmethod
+    def open(cls, policy: Policy, hierarchy: cgroups.Hierarchy | None = None) -> Box:
+        box = cls(policy)
+        if policy.drops_privileges:
+            for path in policy.writable:
+                hand_over(Path(path), policy.uid, policy.gid)
+        if hierarchy is not None and (policy.memory_bytes or policy.max_processes):
+            box.group = cgroups.Group.create(hierarchy, policy.memory_bytes, policy.max_processes)
+        return box
+
+    def command(self, argv: list[str]) -> list[str]:
+        for dest, host in self.policy.copies:
+            if dest not in self._copies:
+                self._copies[dest] = os.open(host, os.O_RDONLY | os.O_NOFOLLOW)
+        if self._status_r is None:
+            self._status_r, self._status_w = os.pipe()
+        return bwrap.command(self.policy, argv, cgroup_procs=self.group.procs_files if self.group else (),
+                             status_fd=self._status_w, copy_fds=self._copies)
+
+    @property
+    def pass_fds(self) -> tuple[int, ...]:
+        return tuple(fd for fd in (self._status_w, *self._copies.values()) if fd is not None)
+
+    def spawn(self, argv: list[str], **popen) -> subprocess.Popen:
+        """Popen the wrapped command; `pass_fds` given are passed on, plus the box's own."""
+        wrapped = self.command(argv)
+        popen["pass_fds"] = (*popen.get("pass_fds", ()), *self.pass_fds)
+        try:
+            return subprocess.Popen(wrapped, **popen)
+        except BaseException:
+            self.close()
+            raise
+        finally:
+            self._close_parent_ends()
+
+    def _close_parent_ends(self) -> None:
+        for fd in (self._status_w, *self._copies.values()):
+            if fd is not None:
+                os.close(fd)
+        self._status_w = None
+        self._copies = {}
+
+    def _status(self) -> dict:
+        status: dict = {}
+        if self._status_r is None:
+            return status
+        os.set_blocking(self._status_r, False)
+        data = b""
+        try:
+            while chunk := os.read(self._status_r, 65536):
+                data += chunk
+        except BlockingIOError:
+            pass
+        for line in data.decode("utf-8", "replace").splitlines():
+            try:
+                status.update(json.loads(line))
+            except ValueError:
+                continue
+        return status
+
+    def close(self, proc: subprocess.Popen | None = None) -> Report:
+        """Kill what is left in the sandbox, read what it used, remove its cgroup. Idempotent."""
+        self._close_parent_ends()
+        status = self._status()
+        if self._status_r is not None:
+            os.close(self._status_r)
+            self._status_r = None
+        killed, usage = 0, cgroups.Usage()
+        if self.group is not None:
+            killed = self.group.kill()
+            usage = self.group.usage()
+            self.group.remove()
+            self.group = None
+        raw = proc.returncode if proc is not None else None
+        code = returncode(raw)
+        if "child-pid" not in status and proc is not None and raw is not None:
+            outcome = Outcome.SANDBOX_ERROR
+        elif usage.oom_kills:
+            outcome = Outcome.MEMORY_LIMIT
+        elif code is None or code < 0:
+            outcome = Outcome.SIGNALED
+        else:
+            outcome = Outcome.OK if code == 0 else Outcome.NONZERO
+        return Report(outcome, code, status.get("child-pid"), usage.memory_peak, usage.oom_kills,
+                      usage.pids_refused, killed)
+
+
+class NullBox:
+    """No sandbox: the same interface, the program runs as it is."""
+
+    active = False
+    group = None
+    pass_fds: tuple[int, ...] = ()
+
+    def command(self, argv: list[str]) -> list[str]:
+        return list(argv)
+
+    def spawn(self, argv: list[str], **popen) -> subprocess.Popen:
+        return subprocess.Popen(list(argv), **popen)
+
+    def close(self, proc: subprocess.Popen | None = None) -> Report:
+        code = proc.returncode if proc is not None else None
+        if code is None or code < 0:
+            outcome = Outcome.SIGNALED
+        else:
+            outcome = Outcome.OK if code == 0 else Outcome.NONZERO
+        return Report(outcome, code)
