@@ -19,9 +19,15 @@ from pathlib import Path
 
 from labkit.judge import reaper
 from labkit.limits import CHILD_OUTPUT_BYTES, KILL_GRACE, RUN_MARKER
+from labkit.sandbox import Outcome
+from labkit.sandbox.profiles import child_box
 
 ROOT = Path(__file__).resolve().parents[2]
 MAX_RESULT_BYTES = 8 * 1024 * 1024
+
+
+class SandboxError(RuntimeError):
+    """The sandbox itself failed to start (a machine problem, not the student's code)."""
 
 
 @dataclass
@@ -109,8 +115,11 @@ def run_child(
     with tempfile.TemporaryDirectory(prefix="labkit-io-") as io_dir:
         out_path, err_path = Path(io_dir, "stdout"), Path(io_dir, "stderr")
         with open(out_path, "wb") as out, open(err_path, "wb") as err:
+            # Sandboxed (when on): its own uid, namespaces and cgroup; sees only what it needs.
+            child_vars = {RUN_MARKER: marker, "LABKIT_RESULT_FD": str(write_fd), **(env or {})}
             try:
-                proc = subprocess.Popen(
+                box = child_box(module, workdir, (probe.partition(":")[0],), child_vars)
+                proc = box.spawn(
                     [sys.executable, "-P", "-m", "labkit.probe.main"],
                     stdin=subprocess.PIPE,
                     stdout=out,
@@ -120,6 +129,9 @@ def run_child(
                     pass_fds=(write_fd,),
                     start_new_session=True,
                 )
+            except BaseException:
+                os.close(read_fd)
+                raise
             finally:
                 os.close(write_fd)
             try:
@@ -142,7 +154,10 @@ def run_child(
                 except subprocess.TimeoutExpired:
                     pass
                 reaper.kill_marked(marker)
-        run.exit_code = proc.returncode
+                report = box.close(proc)
+        if report.outcome == Outcome.SANDBOX_ERROR:  # the machine's fault, never the student's
+            raise SandboxError(f"the sandbox could not start a child: {_read_capped(err_path)[-500:]}")
+        run.exit_code = report.returncode
         run.ended_at = time.time()
         run.seconds = time.monotonic() - started
         run.stdout = _read_capped(out_path)
