@@ -642,6 +642,7 @@ class WarehouseProcess:
     port: int
     log_path: Path
     _closed: bool = field(default=False, repr=False)
+    _box: Any = field(default=None, repr=False)  # its sandbox (labkit.sandbox), closed with it
 
     def requests(self) -> list[dict]:
         return read_log(self.log_path)
@@ -652,6 +653,8 @@ class WarehouseProcess:
             return
         self._closed = True
         _stop_group(self.proc, grace=2.0)
+        if self._box is not None:
+            self._box.close(self.proc)
 
     def __enter__(self) -> WarehouseProcess:
         return self
@@ -722,12 +725,15 @@ def spawn_warehouse(
     if faults:
         cmd += ["--faults", ",".join(faults)]
     from labkit.judge.child import child_env  # the same marker and paths as every judged child
+    from labkit.limits import RUN_MARKER
+    from labkit.sandbox.profiles import child_box  # the student's receive runs sandboxed too
 
     env = child_env(marker) if marker else child_env("unmarked")
+    box = child_box(Path(module_path), workdir, ("labkit.servers.warehouse",), {RUN_MARKER: env[RUN_MARKER]})
     with open(workdir / "warehouse.stdout", "wb") as out, \
             open(workdir / "warehouse.stderr", "wb") as err:
-        proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdin=subprocess.DEVNULL,
-                                stdout=out, stderr=err, start_new_session=True)
+        proc = box.spawn(cmd, cwd=workdir, env=env, stdin=subprocess.DEVNULL,
+                         stdout=out, stderr=err, start_new_session=True)
 
     deadline = time.monotonic() + ready_timeout
     info = _read_ready(ready)
@@ -739,9 +745,10 @@ def spawn_warehouse(
 
     if info is not None and "port" in info:
         return WarehouseProcess(proc=proc, url=info["url"], port=int(info["port"]),
-                                log_path=Path(log_path))
+                                log_path=Path(log_path), _box=box)
     exited = _exited(proc)
     _stop_group(proc, grace=0.0)
+    box.close(proc)
     if info is not None and "error" in info:
         kind = "worker module failed to import" if proc.returncode == 3 else "warehouse failed"
         raise WarehouseStartError(f"{kind}: {info['error']}")
