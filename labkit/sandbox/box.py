@@ -112,6 +112,37 @@ class Box:
         finally:
             self._close_parent_ends()
 
+    def program_pids(self) -> list[int]:
+        """The sandboxed program and what it started (not bwrap): processes of the box's uid."""
+        if self.group is not None:
+            candidates = self.group.pids()
+        else:
+            from labkit.judge import reaper
+            from labkit.limits import RUN_MARKER
+
+            marker = self.policy.env.get(RUN_MARKER)
+            candidates = set(reaper.marked_pids(marker)) if marker else set()
+        found = []
+        for pid in sorted(candidates):
+            try:
+                if os.stat(f"/proc/{pid}").st_uid == self.policy.uid:
+                    found.append(pid)
+            except OSError:
+                continue
+        return found
+
+    def terminate(self, proc: subprocess.Popen, grace: float) -> None:
+        """SIGTERM the program itself (bwrap does not pass signals on) and wait for it to end."""
+        for pid in self.program_pids():
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            pass
+
     def _close_parent_ends(self) -> None:
         for fd in (self._status_w, *self._copies.values()):
             if fd is not None:
@@ -176,6 +207,13 @@ class NullBox:
 
     def spawn(self, argv: list[str], **popen) -> subprocess.Popen:
         return subprocess.Popen(list(argv), **popen)
+
+    def terminate(self, proc: subprocess.Popen, grace: float) -> None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            pass
 
     def close(self, proc: subprocess.Popen | None = None) -> Report:
         code = proc.returncode if proc is not None else None

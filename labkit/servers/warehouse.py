@@ -144,6 +144,9 @@ class _State:
     n: int = 0  # requests seen (all paths and methods)
     fault_index: int = 0  # POST /events requests seen
     inbox: dict[str, str] = field(default_factory=dict)  # built-in inbox: id -> canonical body
+    # What `Warehouse.requests()` returns: the judge's own memory, not the file in a folder a
+    # sandboxed child can write to (the file stays, for people reading a run).
+    records: list[dict] = field(default_factory=list)
 
     def next_n(self) -> int:
         with self.lock:
@@ -158,6 +161,7 @@ class _State:
 
     def log(self, record: dict) -> None:
         with self.log_lock:
+            self.records.append(dict(record))
             _append_line(self.log_path, record)
 
     def apply(self, event: dict) -> tuple[str, str | None]:
@@ -461,7 +465,8 @@ class Warehouse:
     _close_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def requests(self) -> list[dict]:
-        return read_log(self.log_path)
+        with self._server.state.log_lock:
+            return [dict(r) for r in self._server.state.records]
 
     def close(self) -> None:
         """Stop accepting, interrupt slow replies, shut open sockets, join threads (bounded)."""
@@ -652,6 +657,8 @@ class WarehouseProcess:
         if self._closed:
             return
         self._closed = True
+        if self._box is not None and not _exited(self.proc):
+            self._box.terminate(self.proc, grace=2.0)  # to the program itself, not the wrapper
         _stop_group(self.proc, grace=2.0)
         if self._box is not None:
             self._box.close(self.proc)
