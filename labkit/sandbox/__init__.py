@@ -59,13 +59,16 @@ def support() -> Support:
         return Support(False, f"{', '.join(missing)} not found under /usr (Debian: apt-get install "
                               f"bubblewrap util-linux)")
     hierarchy = cgroups.find()
-    policy = Policy(memory_bytes=None, max_processes=None, tmp_bytes=1024 * 1024)
+    box = Box.open(Policy(memory_bytes=None, max_processes=None, tmp_bytes=1024 * 1024))
     try:
-        proc = subprocess.run(bwrap.command(policy, ["/usr/bin/true"]), capture_output=True, timeout=20)
+        proc = box.spawn(["/usr/bin/true"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        _, err = proc.communicate(timeout=20)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return Support(False, f"bubblewrap could not start: {exc}")
+    finally:
+        box.close()
     if proc.returncode != 0:
-        said = proc.stderr.decode("utf-8", "replace").strip()[-300:]
+        said = err.decode("utf-8", "replace").strip()[-300:]
         return Support(False, f"bubblewrap failed here (exit {proc.returncode}): {said}")
     return Support(True, cgroups=hierarchy)
 

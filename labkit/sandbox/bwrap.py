@@ -72,12 +72,11 @@ def _ancestors(paths: list[str], bound: set[str], roots: set[str]) -> list[str]:
 
 
 def command(policy: Policy, argv: list[str], *, cgroup_procs: tuple[Path, ...] = (),
-            status_fd: int | None = None, copy_fds: dict[str, int] | None = None) -> list[str]:
+            status_fd: int | None = None) -> list[str]:
     """The full command line that runs `argv` under `policy`.
 
     `cgroup_procs`: the `cgroup.procs` files to join first; `status_fd`: an fd that bwrap
-    writes its JSON status to (the child's pid, then its exit code); `copy_fds`: for each
-    `policy.copies` destination, an open fd of the host file to copy from.
+    writes its JSON status to (the child's pid, then its exit code).
     """
     bwrap = tool("bwrap") or "bwrap"
     args = [bwrap, "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--hostname", "sandbox",
@@ -108,12 +107,12 @@ def command(policy: Policy, argv: list[str], *, cgroup_procs: tuple[Path, ...] =
     for path, size in policy.scratch:
         args += ["--perms", "1777", "--size", str(size), "--tmpfs", path]
     private = {"/tmp", "/dev/shm", *(path for path, _ in policy.scratch)}
-    inside = [dest for dest, _ in policy.copies]
+    inside = [dest for _host, dest in policy.mapped]
     for directory in _ancestors(inside, covered | {p for p, _ in binds}, private | {"/dev"}):
         if any(directory.startswith(p + "/") for p in private):  # the program's own folders
             args += ["--perms", "1777", "--dir", directory]
-    for dest, _host in policy.copies:
-        args += ["--perms", "0666", "--file", str((copy_fds or {})[dest]), dest]
+    for host, dest in policy.mapped:
+        args += ["--ro-bind", str(host), dest]
     args += ["--chdir", str(policy.cwd), "--"]
     if policy.drops_privileges:
         args += [tool("setpriv") or "setpriv", f"--reuid={policy.uid}", f"--regid={policy.gid}",

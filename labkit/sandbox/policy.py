@@ -37,9 +37,9 @@ class Policy:
     # Host paths visible read-only, and writable (each exactly where it is on the host).
     read_only: tuple[Path, ...] = ()
     writable: tuple[Path, ...] = ()
-    # Files created inside the sandbox's private tmpfs from host files: {inside path: host file}.
-    # The copy is the program's own (writable); the host file is never touched again.
-    copies: tuple[tuple[str, Path], ...] = ()
+    # Host files shown read-only at another place, e.g. inside the private home:
+    # ((host file, inside path), ...).
+    mapped: tuple[tuple[Path, str], ...] = ()
     # Where the program starts, and its whole environment (nothing is inherited).
     cwd: Path = Path("/tmp")
     env: dict[str, str] = field(default_factory=dict)

@@ -96,19 +96,20 @@ def child(uid: int, *, module: Path, workdir: Path, code_modules: tuple[str, ...
     )
 
 
-def kernel(uid: int, *, home: str, sockets: Path, lab: str, copies: dict[str, Path],
+def kernel(uid: int, *, home: str, sockets: Path, lab: str, shown: dict[Path, str],
            env: dict[str, str], memory_bytes: int, file_bytes: int) -> Policy:
-    """A grading kernel: runs the whole notebook, talks to nbclient over unix sockets only."""
-    quiz = [f"checks/{lab.replace('-', '_')}_quiz.py"]
+    """A grading kernel: runs the whole notebook, talks to nbclient over unix sockets only.
+
+    `shown`: host files shown read-only inside its home (e.g. the student's quiz answers).
+    """
     from labkit.labs import LABS
 
-    if lab in LABS:
-        quiz.append(LABS[lab].replace(".", "/") + "_quiz.py")
+    quiz = [LABS[lab].replace(".", "/") + "_quiz.py"] if lab in LABS else []
     return Policy(
         uid=uid, gid=uid,
         read_only=tuple(dict.fromkeys([*runtime(), *_code(["labkit", "checks/__init__.py", *quiz])])),
         writable=(Path(sockets),),
-        copies=tuple(copies.items()),
+        mapped=tuple(shown.items()),
         cwd=Path(home),
         env={**base_env(home), "PYTHONPATH": str(ROOT), **env},
         network="private",
