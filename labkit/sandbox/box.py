@@ -15,7 +15,7 @@ import json
 import os
 import signal
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
@@ -98,6 +98,10 @@ class Box:
     group: cgroups.Group | None = None
     _status_r: int | None = None
     _status_w: int | None = None
+    _closed: bool = False
+    _state: dict = field(default_factory=dict)
+    _usage: cgroups.Usage = field(default_factory=cgroups.Usage)
+    _killed: int = 0
     active: bool = True
 
     @classmethod
@@ -122,11 +126,15 @@ class Box:
         return () if self._status_w is None else (self._status_w,)
 
     def spawn(self, argv: list[str], **popen) -> subprocess.Popen:
-        """Popen the wrapped command; `pass_fds` given are passed on, plus the box's own."""
+        """Popen the wrapped command (`pass_fds` given are passed on, plus the box's own).
+
+        The process returned reports exit codes like a plain Popen (-N: killed by signal N)
+        and closes the box once it is seen to have ended (`wait`, `poll`).
+        """
         wrapped = self.command(argv)
         popen["pass_fds"] = (*popen.get("pass_fds", ()), *self.pass_fds)
         try:
-            return subprocess.Popen(wrapped, **popen)
+            return BoxedPopen(self, wrapped, **popen)
         except BaseException:
             self.close()
             raise
@@ -205,23 +213,29 @@ class Box:
         return status
 
     def close(self, proc: subprocess.Popen | None = None) -> Report:
-        """Kill what is left in the sandbox, read what it used, remove its cgroup. Idempotent."""
-        self.started()
-        status = self._status()
-        if self._status_r is not None:
-            os.close(self._status_r)
-            self._status_r = None
-        killed, usage = 0, cgroups.Usage()
-        if self.group is not None:
-            killed = self.group.kill()
-            usage = self.group.usage()
-            self.group.remove()
-            self.group = None
-        if "child-pid" in status:
-            _reap(int(status["child-pid"]))
-        raw = proc.returncode if proc is not None else None
+        """Kill what is left in the sandbox, read what it used, remove its cgroup; say how it ended.
+
+        The clean-up runs once; later calls only report again (with the exit status if it is
+        known by then).
+        """
+        if not self._closed:
+            self._closed = True
+            self.started()
+            self._state = self._status()
+            if self._status_r is not None:
+                os.close(self._status_r)
+                self._status_r = None
+            if self.group is not None:
+                self._killed = self.group.kill()
+                self._usage = self.group.usage()
+                self.group.remove()
+                self.group = None
+            if "child-pid" in self._state:
+                _reap(int(self._state["child-pid"]))
+        raw = proc.__dict__.get("_raw_returncode", proc.returncode) if proc is not None else None
         code = returncode(raw)
-        if "child-pid" not in status and proc is not None and raw is not None:
+        usage = self._usage
+        if proc is not None and raw is not None and "child-pid" not in self._state:
             outcome = Outcome.SANDBOX_ERROR
         elif usage.oom_kills:
             outcome = Outcome.MEMORY_LIMIT
@@ -229,8 +243,8 @@ class Box:
             outcome = Outcome.SIGNALED
         else:
             outcome = Outcome.OK if code == 0 else Outcome.NONZERO
-        return Report(outcome, code, status.get("child-pid"), usage.memory_peak, usage.oom_kills,
-                      usage.pids_refused, killed)
+        return Report(outcome, code, self._state.get("child-pid"), usage.memory_peak, usage.oom_kills,
+                      usage.pids_refused, self._killed)
 
 
 class NullBox:
@@ -269,3 +283,34 @@ class NullBox:
         else:
             outcome = Outcome.OK if code == 0 else Outcome.NONZERO
         return Report(outcome, code)
+
+
+class BoxedPopen(subprocess.Popen):
+    """A Popen of a sandboxed program: faithful exit codes, and the box closed when it ends."""
+
+    def __init__(self, box: Box, args, **popen):
+        self._box = box
+        self.sandbox_report: Report | None = None
+        super().__init__(args, **popen)
+
+    @property
+    def returncode(self) -> int | None:
+        return returncode(self.__dict__.get("_raw_returncode"))
+
+    @returncode.setter
+    def returncode(self, value: int | None) -> None:
+        self.__dict__["_raw_returncode"] = value
+
+    def _ended(self) -> None:
+        if self.__dict__.get("_raw_returncode") is not None and self.sandbox_report is None:
+            self.sandbox_report = self._box.close(self)
+
+    def poll(self):
+        result = super().poll()
+        self._ended()
+        return result
+
+    def wait(self, timeout=None):
+        result = super().wait(timeout)
+        self._ended()
+        return result

@@ -70,6 +70,11 @@ def _code(relative: tuple[str, ...] | list[str]) -> list[Path]:
     return [ROOT / rel for rel in relative if (ROOT / rel).exists()]
 
 
+def _probe_modules() -> list[Path]:
+    """Every lab's child-side probes (`checks/<lab>_probes.py`); never the judge-side checks."""
+    return sorted((ROOT / "checks").glob("*_probes.py"))
+
+
 def child(uid: int, *, module: Path, workdir: Path, code_modules: tuple[str, ...] = (),
           env: dict[str, str] | None = None) -> Policy:
     """A judge's child: imports the student's module and runs one probe (or serves `receive`)."""
@@ -83,7 +88,8 @@ def child(uid: int, *, module: Path, workdir: Path, code_modules: tuple[str, ...
     workdir = Path(workdir).resolve()
     return Policy(
         uid=uid, gid=uid,
-        read_only=tuple(dict.fromkeys([*runtime(), *_code(CHILD_CODE), *extra, Path(module).resolve()])),
+        read_only=tuple(dict.fromkeys([*runtime(), *_code(CHILD_CODE), *_probe_modules(), *extra,
+                                       Path(module).resolve()])),
         writable=(workdir,),
         cwd=workdir,
         env={**base_env(), "PYTHONPATH": str(ROOT), **(env or {})},
@@ -141,11 +147,17 @@ def judge_box(*, module: Path, scratch: str, env: dict[str, str]) -> Policy:
     )
 
 
-def child_box(module: Path, workdir: Path, code_modules: tuple[str, ...], env: dict[str, str]):
-    """A box for one judged child (a `NullBox` when the sandbox is off here)."""
+def child_box(module: Path, workdir: Path, env: dict[str, str], code_modules: tuple[str, ...] = ()):
+    """A box for one judged child (a `NullBox` when the sandbox is off here).
+
+    `env` is the environment the caller made for the child; inside the sandbox the child gets
+    only what the caller set for it on top of its own environment (the marker, its pipes'
+    numbers, a check's proxy variables...), never the judge's environment itself.
+    """
     from labkit import sandbox
 
     if not sandbox.enabled():
         return sandbox.NullBox()
-    policy = child(sandbox.uid(), module=module, workdir=workdir, code_modules=code_modules, env=env)
+    own = {k: v for k, v in env.items() if os.environ.get(k) != v}
+    policy = child(sandbox.uid(), module=module, workdir=workdir, code_modules=code_modules, env=own)
     return sandbox.Box.open(policy, sandbox.support().cgroups)

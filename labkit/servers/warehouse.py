@@ -736,7 +736,7 @@ def spawn_warehouse(
     from labkit.sandbox.profiles import child_box  # the student's receive runs sandboxed too
 
     env = child_env(marker) if marker else child_env("unmarked")
-    box = child_box(Path(module_path), workdir, ("labkit.servers.warehouse",), {RUN_MARKER: env[RUN_MARKER]})
+    box = child_box(Path(module_path), workdir, {RUN_MARKER: env[RUN_MARKER]}, ("labkit.servers.warehouse",))
     with open(workdir / "warehouse.stdout", "wb") as out, \
             open(workdir / "warehouse.stderr", "wb") as err:
         proc = box.spawn(cmd, cwd=workdir, env=env, stdin=subprocess.DEVNULL,
