@@ -35,7 +35,7 @@ PASS_THROUGH = ("LANG", "LC_ALL", "LC_CTYPE", "TZ", "PYTHONUNBUFFERED", "PYTHONI
                 "PYTHONHASHSEED")
 TMP_BYTES = 64 * MiB
 KERNEL_SCRATCH_BYTES = 256 * MiB
-JUDGE_SCRATCH_BYTES = 1024 * MiB
+JUDGE_TMP_BYTES = 1024 * MiB
 JUDGE_BOX_MEMORY = 6 * 1024 * MiB
 JUDGE_BOX_PROCESSES = 2048
 
@@ -128,18 +128,21 @@ def kernel(uid: int, *, home: str, sockets: Path, lab: str, shown: dict[Path, st
     )
 
 
-def judge_box(*, module: Path, scratch: str, env: dict[str, str]) -> Policy:
-    """The judge of one job: trusted, root, in its own network; starts sandboxed children."""
+def judge_box(*, module: Path, tmp: str, env: dict[str, str]) -> Policy:
+    """The judge of one job: trusted, root, in its own network; starts sandboxed children.
+
+    Every step's folder is made under its private /tmp (`tmp`), so what children write there
+    is capped by that tmpfs and counted in the job's memory, and goes with the box.
+    """
     cgroup_root = Path("/sys/fs/cgroup")
     return Policy(
         uid=None, gid=None,
         read_only=tuple(dict.fromkeys([*runtime(), ROOT / "labkit", ROOT / "checks", Path(module).resolve()])),
         writable=(cgroup_root,) if cgroup_root.is_dir() else (),
-        cwd=Path(scratch),
+        cwd=Path(tmp),
         env=env,
         network="private",
-        tmp_bytes=TMP_BYTES,
-        scratch=((scratch, JUDGE_SCRATCH_BYTES),),
+        tmp_bytes=JUDGE_TMP_BYTES,
         memory_bytes=JUDGE_BOX_MEMORY,
         max_processes=JUDGE_BOX_PROCESSES,
         address_space=None,
