@@ -36,6 +36,8 @@ def parser() -> argparse.ArgumentParser:
     grade.add_argument("--jobs", type=int)
     grade.add_argument("--seed", type=int, help="seed for the hidden cases (recorded in the gradebook)")
     grade.add_argument("--force", action="store_true", help="regrade submissions already graded")
+    grade.add_argument("--no-sandbox", action="store_true",
+                       help="grade without the sandbox (where none is possible); the gradebook says so")
     return top
 
 
@@ -68,7 +70,7 @@ def run_grade(args: argparse.Namespace) -> int:
     from labkit.grading.batch import BatchUsageError, run
 
     try:
-        return run(list(args.paths), args.out, args.jobs, args.seed, args.force)
+        return run(list(args.paths), args.out, args.jobs, args.seed, args.force, no_sandbox=args.no_sandbox)
     except BatchUsageError as exc:
         raise UsageError(str(exc)) from None
     except KeyboardInterrupt:
