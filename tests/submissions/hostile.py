@@ -166,9 +166,9 @@ def build(release: NotebookNode, reference: str, targets: Targets, *, wrong_lock
     # --- lie from beside the probe -----------------------------------------------------------
     liar = solved(release, reference_parts(wrong_lock), ALL)
     _header_first(liar, "import labkit.probe as _probe\n_probe.other_can_write = lambda db: True")
+    # (checks/outbox.py:510 and labkit/judge/expect.py:142 do take "could another writer
+    # proceed?" from the child's report; here the step's other cases still catch the lock.)
     entries.append(Entry("lia", "01-lab.ipynb", liar, ALL, earns=wrong_lock,
-                         known_gap="checks/outbox.py:510 and labkit/judge/expect.py:142 take 'could another "
-                                   "writer proceed?' from the child's report (labkit.probe.other_can_write)",
                          why="holds the write lock during send and patches the probe's lock test to say 'free'"))
 
     # --- exceed limits sideways --------------------------------------------------------------
@@ -258,4 +258,4 @@ def build(release: NotebookNode, reference: str, targets: Targets, *, wrong_lock
 
 
 # Entries graded wrong today for a reason outside the grader (each names it in `known_gap`).
-KNOWN_GAPS = ["lia", "stu"]
+KNOWN_GAPS = ["stu"]
