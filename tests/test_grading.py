@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import io
 import json
 import os
 import shutil
@@ -27,14 +28,17 @@ import nbformat
 import pytest
 
 from labkit import sandbox
-from labkit.grading import gradebook
+from labkit.grading import answers, gradebook
 from labkit.grading.restore import restore
+from labkit.grading.settings import MAX_NOTEBOOK_BYTES
 from labkit.grading.submissions import (
     NotANotebook,
     Release,
     Submission,
+    find,
     identify,
     one_per_lab,
+    read_capped,
     read_notebook,
     slug,
 )
@@ -270,7 +274,9 @@ def test_no_feedback_page_shows_what_its_student_could_not_read(graded):
     assert leaks == []
     for thief in ("rex", "vex"):
         page = next((feedback / thief).glob("*.html")).read_text()
-        assert "STOLEN [" not in page and "_NoRedirect" not in page and "read refused" in page
+        # The reference's code, the judge's checks: not a line of either. (Its kernel does read
+        # the stand-in for checks/<lab>.py: the steps' titles and points, as the notebook shows.)
+        assert "_NoRedirect" not in page and "def check_" not in page and "read refused" in page
 
 
 @needs_release
@@ -610,6 +616,101 @@ def test_csv_orders_steps_numerically_and_flattens_quiz_answers():
     assert header == ["student", "lab", "step_1", "step_2", "step_10", "final", "total", "max", "status",
                       "flags", "seed", "seconds", "notebook", "message", "sandbox", "quiz_q1", "quiz_q1_correct"]
     assert text.splitlines()[1] == "a,x,1,0,2,3,6,9,ok,edited:x-check-1,1,1.23,a.ipynb,,,c,false"
+
+
+# --- discovery, answers, CSV: no kernel needed ------------------------------------------------
+
+
+def test_discovery_never_follows_links_and_lists_what_it_leaves_out(tmp_path):
+    subs = tmp_path / "subs"
+    for student in ("ann", ".dot", "bob"):
+        (subs / student).mkdir(parents=True)
+    (subs / "ann" / "lab.ipynb").write_text("{}")
+    (subs / ".dot" / "lab.ipynb").write_text("{}")
+    (subs / "bob" / "lab.ipynb").symlink_to(subs / "ann" / "lab.ipynb")
+    os.mkfifo(subs / "bob" / "pipe.ipynb")
+    (subs / "bob" / "big.ipynb").write_bytes(b" " * (MAX_NOTEBOOK_BYTES + 1))
+    (subs / "ann" / ".ipynb_checkpoints").mkdir()
+    (subs / "ann" / ".ipynb_checkpoints" / "lab-checkpoint.ipynb").write_text("{}")
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "x.ipynb").write_text("{}")
+    (subs / "bob" / "linked").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    found, skipped = find([subs])
+    assert sorted((s.student, s.path.name) for s in found) == [(".dot", "lab.ipynb"), ("ann", "lab.ipynb")]
+    reasons = {(s.student, s.path.name): s.reason for s in skipped}
+    assert "symbolic link" in reasons[("bob", "lab.ipynb")]
+    assert "not a regular file" in reasons[("bob", "pipe.ipynb")]
+    assert "larger than" in reasons[("bob", "big.ipynb")]
+    assert "link to a folder" in reasons[("bob", "linked")]
+    assert "autosave" in reasons[("ann", ".ipynb_checkpoints")]
+
+
+def test_a_hard_link_under_two_students_is_graded_for_both_and_flagged(tmp_path):
+    (tmp_path / "ann").mkdir()
+    (tmp_path / "bob").mkdir()
+    (tmp_path / "ann" / "lab.ipynb").write_text("{}")
+    os.link(tmp_path / "ann" / "lab.ipynb", tmp_path / "bob" / "lab.ipynb")
+    found, _ = find([tmp_path])
+    assert sorted((s.student, s.flags) for s in found) == [("ann", ["same-file:bob"]), ("bob", ["same-file:ann"])]
+
+
+def test_read_capped_refuses_links_fifos_and_files_past_the_cap_without_blocking(tmp_path):
+    (tmp_path / "ok").write_bytes(b"12345")
+    (tmp_path / "link").symlink_to(tmp_path / "ok")
+    os.mkfifo(tmp_path / "fifo")
+    assert read_capped(tmp_path / "ok", 5) == b"12345"
+    for name, words in (("link", "symbolic link"), ("fifo", "not a regular file")):
+        with pytest.raises(OSError, match=words):
+            read_capped(tmp_path / name, 100)
+    with pytest.raises(OSError, match="larger than"):
+        read_capped(tmp_path / "ok", 4)
+
+
+def test_quiz_correctness_comes_from_the_key_not_the_file():
+    key = corpus.quiz_key("outbox")
+    q = key[0]
+    wrong = next(i for i, o in enumerate(q["options"]) if not o["correct"])
+    raw = {"answers": {q["id"]: {"choice": wrong, "correct": True, "first_choice": wrong, "first_correct": True},
+                       "invented": {"choice": 0, "correct": True},
+                       key[1]["id"]: {"choice": 99, "correct": True}}, "answered": 9}
+    scored = answers.score("outbox", raw)
+    assert scored["answers"] == {q["id"]: {"choice": wrong, "option": q["options"][wrong]["text"], "correct": False,
+                                           "first_choice": wrong, "first_correct": False, "attempts": 1}}
+    assert (scored["answered"], scored["correct_first_time"], scored["questions"]) == (1, 0, len(key))
+
+
+@pytest.mark.parametrize("cell", ["=1+2", "+SUM(A1)", "-2+3", "@cmd", "\tx", "\rx"])
+def test_a_csv_cell_that_starts_like_a_formula_is_quoted(cell):
+    row = gradebook.make_row(student=cell, lab="x", notebook=cell, steps={"1": 1}, max_points=1, status="ok",
+                             flags=[], seed=1, seconds=0.0, message=cell)
+    line = list(csv.reader(io.StringIO(gradebook.to_csv([row]), newline="")))[1]
+    assert line[0] == "'" + cell and line[-2] == "'" + cell  # student, message
+    assert line[2] == "1"  # numbers stay numbers
+
+
+def test_the_sanitizer_keeps_text_and_pictures_and_drops_what_runs():
+    from labkit.grading.feedback import clean
+
+    html = ('<p class="x">hi</p><script>alert(1)</script><a href="javascript:alert(2)">j</a>'
+            '<img src="data:image/png;base64,AAAA"><img src="data:image/svg+xml,<svg onload=alert(3)>">'
+            '<div onclick="alert(4)" style="color:red;position:fixed">d</div><svg><text x="1">t</text></svg>')
+    out = clean(html)
+    assert active_content(out) == []
+    assert '<p class="x">hi</p>' in out and 'data:image/png;base64,AAAA' in out and "<text" in out
+    assert "position" not in out and "color:red" in out
+
+
+def test_grade_refuses_without_a_sandbox_unless_told(tmp_path):
+    (tmp_path / "subs" / "ann").mkdir(parents=True)
+    (tmp_path / "subs" / "ann" / "lab.ipynb").write_text("{}")
+    env = {**os.environ, "LABKIT_SANDBOX": "off"}
+    refused = subprocess.run(grade_cmd(tmp_path / "subs", "--out", tmp_path / "o"), capture_output=True, text=True,
+                             timeout=120, cwd=ROOT, env=env)
+    assert refused.returncode == 2 and "--no-sandbox" in refused.stderr and not (tmp_path / "o").exists()
+    allowed = subprocess.run(grade_cmd(tmp_path / "subs", "--out", tmp_path / "o", "--no-sandbox"),
+                             capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
+    assert allowed.returncode == 0, allowed.stderr
+    assert [r["sandbox"] for r in json.loads((tmp_path / "o" / "grades.json").read_text())] == ["none (--no-sandbox)"]
 
 
 # --- interop with nbgrader --------------------------------------------------------------------------

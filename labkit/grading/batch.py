@@ -237,6 +237,8 @@ def sandbox_choice(no_sandbox: bool) -> tuple[bool, str]:
     """(sandboxed?, what the gradebook says); raises BatchUsageError when there is none."""
     if no_sandbox:
         return False, "none (--no-sandbox)"
+    if sandbox.mode() == "off":
+        raise BatchUsageError(NO_SANDBOX_HELP.format(reason=f"{sandbox.MODE_ENV}=off is set"))
     found = sandbox.support()
     if not found.ok:
         raise BatchUsageError(NO_SANDBOX_HELP.format(reason=found.reason))
