@@ -144,7 +144,8 @@ def to_csv(rows: list[dict]) -> str:
     quiz = sorted({k for r in rows for k in _quiz_columns(r)})
     fields = FIRST + steps + AFTER_STEPS + quiz
     buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=fields, extrasaction="ignore", lineterminator="\n")
+    # RFC 4180 line ends: a CR or LF inside a cell (a student's name, a message) gets quoted too.
+    writer = csv.DictWriter(buffer, fieldnames=fields, extrasaction="ignore", lineterminator="\r\n")
     writer.writeheader()
     for row in rows:
         flat = {**row, **_quiz_columns(row), "flags": ";".join(row.get("flags", []))}
