@@ -261,7 +261,7 @@ def test_student_code_gets_no_judge_environment_and_sees_only_its_own_processes(
 
 
 def _run(policy: Policy, code: str, timeout: float = 60) -> tuple[subprocess.CompletedProcess, sandbox.Report]:
-    box = sandbox.Box.open(policy, sandbox.support().cgroups)
+    box = sandbox.Box.open(profiles.copy_module(policy), sandbox.support().cgroups)
     proc = box.spawn([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                      start_new_session=True)
     try:
@@ -356,7 +356,7 @@ def test_the_cgroup_is_removed_after_the_run(tmp_path):
     hierarchy = sandbox.support().cgroups
     if hierarchy is None:
         pytest.skip("no cgroups here")
-    box = sandbox.Box.open(_policy(tmp_path), hierarchy)
+    box = sandbox.Box.open(profiles.copy_module(_policy(tmp_path)), hierarchy)
     paths = list(box.group.paths.values())
     proc = box.spawn([sys.executable, "-c", "pass"])
     proc.wait()
@@ -411,7 +411,7 @@ def test_a_self_inflicted_signal_reads_as_that_signal(tmp_path):
 
 def test_the_policy_never_binds_what_student_code_must_not_see():
     policy = profiles.child(sandbox.uid(), module=MODULE, workdir=Path(tempfile.gettempdir()))
-    seen = [str(p) for p in (*policy.read_only, *policy.writable)]
+    seen = [str(p) for p in (*policy.read_only, *policy.writable, *(dest for _, dest in policy.mapped))]
     for secret in ("solutions", "notebooks", "checks/outbox.py", "checks/vending.py", "tests"):
         assert not any(s == str(ROOT / secret) or s.startswith(str(ROOT / secret) + "/") for s in seen), secret
     assert str(MODULE) in seen

@@ -99,15 +99,16 @@ def command(policy: Policy, argv: list[str], *, cgroup_procs: tuple[Path, ...] =
     args += ["--proc", "/proc", "--dev", "/dev"]
     for mount in ("/tmp", "/dev/shm"):  # first: a bind below /tmp (a step's folder) stays visible
         args += ["--perms", "1777", "--size", str(policy.tmp_bytes), "--tmpfs", mount]
-    mounts = [path for path, _ in binds] + [path for path, _ in policy.scratch]
+    private = {"/tmp", "/dev/shm", *(path for path, _ in policy.scratch)}
+    outside = [dest for _host, dest in policy.mapped if not any(dest.startswith(p + "/") for p in private)]
+    mounts = [path for path, _ in binds] + [path for path, _ in policy.scratch] + outside
     for directory in _ancestors(mounts, covered, {"/tmp", "/dev", "/dev/shm"}):
         args += ["--perms", "0755", "--dir", directory]
     for path, rw in binds:
         args += ["--bind" if rw else "--ro-bind", path, path]
     for path, size in policy.scratch:
         args += ["--perms", "1777", "--size", str(size), "--tmpfs", path]
-    private = {"/tmp", "/dev/shm", *(path for path, _ in policy.scratch)}
-    inside = [dest for _host, dest in policy.mapped]
+    inside = [dest for _host, dest in policy.mapped if dest not in outside]
     for directory in _ancestors(inside, covered | {p for p, _ in binds}, private | {"/dev"}):
         if any(directory.startswith(p + "/") for p in private):  # the program's own folders
             args += ["--perms", "1777", "--dir", directory]

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -86,11 +87,15 @@ def child(uid: int, *, module: Path, workdir: Path, code_modules: tuple[str, ...
             if init.exists():
                 extra.append(init)
     workdir = Path(workdir).resolve()
+    module = Path(module).resolve()
+    # The module as the child sees it: a readable copy (the student's own file may be 0600 and
+    # root's), shown at the module's own path, so paths and tracebacks stay the student's.
+    shown = ((workdir / f".labkit-module-{module.name}", str(module)),)
     return Policy(
         uid=uid, gid=uid,
-        read_only=tuple(dict.fromkeys([*runtime(), *_code(CHILD_CODE), *_probe_modules(), *extra,
-                                       Path(module).resolve()])),
+        read_only=tuple(dict.fromkeys([*runtime(), *_code(CHILD_CODE), *_probe_modules(), *extra])),
         writable=(workdir,),
+        mapped=shown,
         cwd=workdir,
         env={**base_env(), "PYTHONPATH": str(ROOT), **(env or {})},
         network="shared",
@@ -163,4 +168,12 @@ def child_box(module: Path, workdir: Path, env: dict[str, str], code_modules: tu
         return sandbox.NullBox()
     own = {k: v for k, v in env.items() if os.environ.get(k) != v}
     policy = child(sandbox.uid(), module=module, workdir=workdir, code_modules=code_modules, env=own)
-    return sandbox.Box.open(policy, sandbox.support().cgroups)
+    return sandbox.Box.open(copy_module(policy), sandbox.support().cgroups)
+
+
+def copy_module(policy: Policy) -> Policy:
+    """Make the readable copies a child's policy shows in place of the student's module."""
+    for copy, original in policy.mapped:
+        shutil.copyfile(original, copy)
+        os.chmod(copy, 0o644)
+    return policy
