@@ -170,7 +170,8 @@ def build(release: NotebookNode, reference: str) -> list[Entry]:
                          why="an infinite loop that ignores the interrupt"))
 
     hog = solved(release, parts, ALL)
-    _after(hog, setup, _code("hog = []\nwhile True:\n    hog.append(bytearray(64 * 2**20))"))
+    # Big chunks: the limit is hit at once, not after seconds of zero-filling pages under load.
+    _after(hog, setup, _code("hog = []\nwhile True:\n    hog.append(bytearray(2**30))"))
     entries.append(Entry("ivy", "01-lab.ipynb", hog, ALL, why="a memory hog (MemoryError under the limit)"))
 
     linger = solved(release, parts, ALL)
