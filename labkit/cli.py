@@ -36,6 +36,8 @@ def parser() -> argparse.ArgumentParser:
     grade.add_argument("--jobs", type=int)
     grade.add_argument("--seed", type=int, help="seed for the hidden cases (recorded in the gradebook)")
     grade.add_argument("--force", action="store_true", help="regrade submissions already graded")
+    grade.add_argument("--no-sandbox", action="store_true",
+                       help="grade without the sandbox (where none is possible); the gradebook says so")
     start = sub.add_parser("start", allow_abbrev=False, help="open JupyterLab on your own workspace (made on the first start, "
                            "updated from the course on later ones); other arguments go to JupyterLab")
     start.add_argument("--workspace", type=Path, help="where your notebooks live (default: workspace/ in the clone)")
@@ -75,7 +77,7 @@ def run_grade(args: argparse.Namespace) -> int:
     from labkit.grading.batch import BatchUsageError, run
 
     try:
-        return run(list(args.paths), args.out, args.jobs, args.seed, args.force)
+        return run(list(args.paths), args.out, args.jobs, args.seed, args.force, no_sandbox=args.no_sandbox)
     except BatchUsageError as exc:
         raise UsageError(str(exc)) from None
     except KeyboardInterrupt:

@@ -81,10 +81,14 @@ def test_step_that_kills_itself(judged, tmp_path, lab):
 
 
 @pytest.mark.parametrize("close_fds", [False, True], ids=["keeps its fds", "closes its fds"])
-def test_grandchild_that_escapes_with_setsid(judged, tmp_path, close_fds, lab):
+def test_grandchild_that_escapes_with_setsid(judged, tmp_path, close_fds, lab, monkeypatch):
+    # The reaper's own path (no sandbox: a student's unprivileged check). Sandboxed, the child
+    # could not write its grandchildren's pids into tmp_path, and they die with its pid
+    # namespace: tests/test_sandbox.py proves that.
     # The parent records each grandchild's pid itself, after the grandchild has said (through a
     # pipe) that its setsid is done: every escapee is on the list before the reaper can act.
     # (A grandchild writing its own pid raced the reaper: 4 of 12 runs failed under load.)
+    monkeypatch.setenv("LABKIT_SANDBOX", "off")
     pids = tmp_path / "grandchildren.txt"
     path = with_code(
         tmp_path, lab,
