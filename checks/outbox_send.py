@@ -416,8 +416,12 @@ _ACK_RULE = ("Success is only status 200 and a body that parses (json.loads) to 
              "{\"ack\": <this event's id>}: compare the parsed value, `reply == {\"ack\": event[\"id\"]}`, not "
              "the text, and don't convert or strip the id.")
 _ACK_HINTS = {
-    "8.ack-exact": _ACK_RULE,
-    "8.ack-id": _ACK_RULE,
+    "8.ack-exact": ("The ACK is an object with exactly one key, `ack` (in lower case): a reply with another key, "
+                    "an extra key or no key at all is not an ACK. Compare the whole parsed value, "
+                    "`reply == {\"ack\": event[\"id\"]}`, rather than looking up one key."),
+    "8.ack-id": ("The value under `ack` must be this event's id, the same string exactly: not another id, not "
+                 "the id in other case, cut, padded, converted from a number or wrapped in a list, not null "
+                 "or true. Compare it with `==` on the parsed value, without str(), strip() or lower()."),
     "8.ack-json-object": ("JSON that is not an object (true, null, a list, a string) is not an ACK: compare the whole "
                           "parsed value, `reply == {\"ack\": event[\"id\"]}`, which is simply False for any of "
                           "them, instead of indexing or calling .get on it."),

@@ -1,4 +1,4 @@
-"""Wrong: send_http checks reply.get('ack') and ignores any other key in the reply. Fails step 8. Clause: 8.ack-exact. Message: Success is only status 200 and a body that parses (json.loads) to"""
+"""Wrong: send_http checks reply.get('ack') and ignores any other key in the reply. Fails step 8. Clause: 8.ack-exact. Message: The ACK is an object with exactly one key, `ack`"""
 
 # --- provided code -----------------------------------------------
 import json

@@ -1,4 +1,4 @@
-"""Wrong: send_http accepts any reply that has an "ack" key, whatever id it names. Fails step 8. Clause: 8.ack-id. Message: compare the parsed value"""
+"""Wrong: send_http accepts any reply that has an "ack" key, whatever id it names. Fails step 8. Clause: 8.ack-id. Message: The value under `ack` must be this event's id, the same string exactly"""
 
 # --- provided code -----------------------------------------------
 import json
