@@ -86,7 +86,6 @@ def _describe_connection(con) -> dict:
     try:
         seen["isolation_level"] = encode(con.isolation_level)
         seen["busy_timeout"] = con.execute("PRAGMA busy_timeout").fetchone()[0]
-        seen["in_transaction"] = con.in_transaction
         files = [row[2] for row in con.execute("PRAGMA database_list") if row[1] == "main"]
         seen["file"] = os.path.realpath(files[0]) if files and files[0] else ""
     except sqlite3.Error as exc:
@@ -105,7 +104,8 @@ def stores(mod, args: dict) -> None:
             if outcome["kind"] == "returned":
                 observed.update(_describe_connection(value))
                 observed["judge"] = see(args["witness"], case["name"], "after")  # while it is still open
-            else:
+            else:  # the judge counts the files this process still holds open (the count is a claim)
+                observed["judge"] = see(args["witness"], case["name"], "raised")
                 observed["left_open"] = sum(1 for c in opened if probe.is_open(c))
             for con in [value, *opened]:
                 if isinstance(con, sqlite3.Connection):

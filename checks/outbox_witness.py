@@ -14,6 +14,7 @@ A student who patches the probe's request away simply leaves no sighting, and th
 from __future__ import annotations
 
 import json
+import os
 import socket
 import socketserver
 import threading
@@ -28,6 +29,7 @@ JOIN_SECONDS = 1.0
 
 # look(case, point, said) -> (what the judge saw, the answer the child gets)
 Look = Callable[[str, str, dict], tuple[dict, dict]]
+_asking = threading.local()  # the address of the child whose sighting this handler thread serves
 
 
 @dataclass
@@ -68,6 +70,7 @@ class Witness:
                 except (ValueError, OSError):
                     self._answer(400, {"error": "bad sighting"})
                     return
+                _asking.address = self.client_address
                 try:
                     saw, answer = witness.look(case, point, said)
                 except Exception as exc:  # a judge-side look that fails must still answer the child
@@ -128,6 +131,64 @@ class Witness:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def asker_holds(path) -> int | None:
+    """Inside a `look`: how many descriptors the process asking for this sighting holds open on
+    the file at `path`, as the kernel lists them (/proc), or None where the judge cannot see them.
+
+    The asker is found from the connection it made: its socket's inode in /proc/net/tcp (the
+    child shares the judge's network), then the process holding that socket."""
+    address = getattr(_asking, "address", None)
+    try:
+        target = os.stat(path)
+    except OSError:
+        return None
+    pid = _socket_owner(address) if address else None
+    if pid is None:
+        return None
+    held = 0
+    try:
+        names = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return None
+    for fd in names:
+        try:
+            st = os.stat(f"/proc/{pid}/fd/{fd}")  # the open file itself, in whatever mount namespace
+        except OSError:
+            continue
+        held += (st.st_dev, st.st_ino) == (target.st_dev, target.st_ino)
+    return held
+
+
+def _socket_owner(address: tuple) -> int | None:
+    """The pid holding the loopback TCP socket whose local end is `address` (IPv4)."""
+    host, port = address[0], address[1]
+    try:
+        local = socket.inet_aton(host)[::-1].hex().upper() + f":{port:04X}"
+        with open("/proc/net/tcp") as table:
+            rows = [line.split() for line in table.readlines()[1:]]
+    except (OSError, ValueError):
+        return None
+    inodes = {row[9] for row in rows if len(row) > 9 and row[1] == local and row[9] != "0"}
+    if len(inodes) != 1:
+        return None
+    wanted = f"socket:[{inodes.pop()}]"
+    me = os.getpid()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        try:
+            fds = os.listdir(f"/proc/{entry}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(f"/proc/{entry}/fd/{fd}") == wanted:
+                    return int(entry)
+            except OSError:
+                continue
+    return None
 
 
 def free_port_refusing() -> tuple[socket.socket, int]:

@@ -158,6 +158,17 @@ def open_source(path):
     con.executescript("CREATE TABLE IF NOT EXISTS orders(id TEXT PRIMARY KEY);")
     return con
 """),
+    "open_source leaks its connection and patches the probe to say it is closed": ("2", "left the connection open", """
+import sqlite3 as _sqlite3
+import labkit.probe as _probe
+_probe.is_open = lambda con: False
+_leaked = []
+def _open(path, schema):
+    con = _sqlite3.connect(path, isolation_level=None, timeout=1.0)
+    _leaked.append(con)
+    con.executescript(schema)
+    return con
+"""),
     "accept closes the caller's connection": ("3", "closed the connection it was given", """
 _real_accept = accept
 def accept(con, event):
