@@ -103,6 +103,15 @@ def cases_side_by_side(ctx: StepContext, probe: str, groups: list[tuple[list[Pla
     return [found[plan.name] for plans, _ in groups for plan in plans]
 
 
+def slices(count: int, size: int) -> list[slice]:
+    """`count` items cut into runs of at most `size`, as even as possible: one child per run, so a
+    long step keeps on a busy machine the margin a short one has (each child gets the step's
+    whole time budget, and the runs share the cores)."""
+    parts = max(1, -(-count // size))
+    bounds = [round(k * count / parts) for k in range(parts + 1)]
+    return [slice(a, b) for a, b in zip(bounds, bounds[1:], strict=False) if b > a] or [slice(0, 0)]
+
+
 DRAWN_NOTE = "not judged: the fixed cases above fail; fix them first"
 
 

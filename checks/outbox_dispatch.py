@@ -17,6 +17,7 @@ from checks.outbox_common import (
     listing,
     name,
     outcome_text,
+    slices,
     told,
     value_text,
 )
@@ -42,6 +43,7 @@ ONLY_TRUE = "Only a return value that `is True` is an ACK; anything else → rai
 ACK_KINDS = [("1", 1), ("1.0", 1.0), ("'True'", "True"), ("'yes'", "yes"), ("[True]", [True]),
              ("(True,)", (True,)), ("{'ack': id}", "ACK_DICT"), ("None", None), ("False", False), ("0", 0),
              ("an object whose == says True", "EQUALS_TRUE")]
+SCENARIOS_PER_CHILD = 8  # a scenario runs dispatch on a DB of its own, with the judge looking inside send
 ERROR_KINDS = ["OSError", "ConnectionResetError", "TimeoutError", "DeliveryError", "RuntimeError", "KeyError"]
 
 
@@ -201,10 +203,9 @@ class Dispatches:
         return check
 
     def run(self) -> list[Case]:
-        half = len(self.plans) // 2
         with self.witness:
-            groups = [(self.plans[:half], {"scenarios": self.scenarios[:half], "witness": self.witness.url}),
-                      (self.plans[half:], {"scenarios": self.scenarios[half:], "witness": self.witness.url})]
+            groups = [(self.plans[part], {"scenarios": self.scenarios[part], "witness": self.witness.url})
+                      for part in slices(len(self.plans), SCENARIOS_PER_CHILD)]
             return cases_side_by_side(self.ctx, "dispatching", groups)
 
 

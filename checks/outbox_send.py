@@ -14,6 +14,7 @@ from checks.outbox_common import (
     name,
     outcome_text,
     seen_after,
+    slices,
 )
 from checks.outbox_witness import Witness
 from labkit.judge import stores
@@ -52,6 +53,7 @@ URL_HINTS = {
     "8.url-whitespace": "urlsplit silently removes tabs and newlines and strips leading control characters: check "
                         "that the URL is exactly `http://HOST:PORT/events`, character by character.",
 }
+CALLS_PER_CHILD = 30  # calls that talk to a listener, per child (see slices)
 TIMEOUT_HINT = "timeout is a positive finite int or float, not bool: anything else is ValueError."
 
 
@@ -141,9 +143,12 @@ class SendHttp:
         talks = [spec["name"] not in self.silent for spec in self.specs]
         try:
             with self.witness:
-                groups = [([p for p, t in zip(self.plans, talks, strict=True) if t == side],
-                           {"calls": [s for s, t in zip(self.specs, talks, strict=True) if t == side],
-                            "witness": self.witness.url}) for side in (False, True)]
+                groups = []
+                for side in (False, True):  # the calls refused before connecting, then the ones that talk
+                    plans = [p for p, t in zip(self.plans, talks, strict=True) if t == side]
+                    specs = [s for s, t in zip(self.specs, talks, strict=True) if t == side]
+                    groups += [(plans[part], {"calls": specs[part], "witness": self.witness.url})
+                               for part in slices(len(plans), CALLS_PER_CHILD if side else len(plans))]
                 found = {c.name: c for c in cases_side_by_side(self.ctx, "sending", groups, env=env)}
             return drawn_after_fixed([found[p.name] for p in self.plans], self.drawn)
         finally:
