@@ -29,7 +29,7 @@ JOIN_SECONDS = 1.0
 
 # look(case, point, said) -> (what the judge saw, the answer the child gets)
 Look = Callable[[str, str, dict], tuple[dict, dict]]
-_asking = threading.local()  # the address of the child whose sighting this handler thread serves
+_asking = threading.local()  # (child's address, ours) of the connection this handler thread serves
 
 
 @dataclass
@@ -70,7 +70,7 @@ class Witness:
                 except (ValueError, OSError):
                     self._answer(400, {"error": "bad sighting"})
                     return
-                _asking.address = self.client_address
+                _asking.ends = (self.client_address, self.server.server_address)
                 try:
                     saw, answer = witness.look(case, point, said)
                 except Exception as exc:  # a judge-side look that fails must still answer the child
@@ -139,12 +139,12 @@ def asker_holds(path) -> int | None:
 
     The asker is found from the connection it made: its socket's inode in /proc/net/tcp (the
     child shares the judge's network), then the process holding that socket."""
-    address = getattr(_asking, "address", None)
+    ends = getattr(_asking, "ends", None)
     try:
         target = os.stat(path)
     except OSError:
         return None
-    pid = _socket_owner(address) if address else None
+    pid = _socket_owner(*ends) if ends else None
     if pid is None:
         return None
     held = 0
@@ -161,16 +161,19 @@ def asker_holds(path) -> int | None:
     return held
 
 
-def _socket_owner(address: tuple) -> int | None:
-    """The pid holding the loopback TCP socket whose local end is `address` (IPv4)."""
-    host, port = address[0], address[1]
+def _socket_owner(local: tuple, remote: tuple) -> int | None:
+    """The pid holding the IPv4 TCP socket connected from `local` to `remote`."""
+
+    def hexed(address: tuple) -> str:
+        return socket.inet_aton(address[0])[::-1].hex().upper() + f":{address[1]:04X}"
+
     try:
-        local = socket.inet_aton(host)[::-1].hex().upper() + f":{port:04X}"
+        ends = (hexed(local), hexed(remote))
         with open("/proc/net/tcp") as table:
             rows = [line.split() for line in table.readlines()[1:]]
     except (OSError, ValueError):
         return None
-    inodes = {row[9] for row in rows if len(row) > 9 and row[1] == local and row[9] != "0"}
+    inodes = {row[9] for row in rows if len(row) > 9 and (row[1], row[2]) == ends and row[9] != "0"}
     if len(inodes) != 1:
         return None
     wanted = f"socket:[{inodes.pop()}]"
