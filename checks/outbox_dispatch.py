@@ -43,7 +43,7 @@ ONLY_TRUE = "Only a return value that `is True` is an ACK; anything else → rai
 ACK_KINDS = [("1", 1), ("1.0", 1.0), ("'True'", "True"), ("'yes'", "yes"), ("[True]", [True]),
              ("(True,)", (True,)), ("{'ack': id}", "ACK_DICT"), ("None", None), ("False", False), ("0", 0),
              ("an object whose == says True", "EQUALS_TRUE")]
-SCENARIOS_PER_CHILD = 4  # a scenario runs dispatch on a DB of its own, with the judge looking inside send
+SCENARIOS_PER_CHILD = 8  # a scenario runs dispatch on a DB of its own, with the judge looking inside send
 ERROR_KINDS = ["OSError", "ConnectionResetError", "TimeoutError", "DeliveryError", "RuntimeError", "KeyError"]
 
 
