@@ -52,7 +52,8 @@ def columns(values: list[tuple[str, int]], label: str, x_title: str, y_title: st
 def stacked(rows: list[tuple[str, list[tuple[int, str]]]], label: str, legend: list[tuple[str, str]],
             width: int = 520) -> str:
     """Horizontal bars, each split into coloured parts (passed / failed / not started)."""
-    left, row_h, gap, top_pad = 58, 18, 6, 26
+    row_h, gap, top_pad = 18, 6, 26
+    left = 14 + 7 * max((len(name) for name, _ in rows), default=6)  # room for the longest label
     plot = width - left - 60
     height = top_pad + len(rows) * (row_h + gap) + 4
     body, x = [], left

@@ -52,10 +52,12 @@ def _scores(lab: LabStats) -> str:
     values = [(str(total), n) for total, n in lab.scores.items()]
     svg = charts.columns(values, f"Lab {lab.lab}: students by total score, 0 to {lab.max_score}",
                          "total points", "students")
-    rows = "".join(f"<tr>{_n(total)}{_n(n)}</tr>" for total, n in lab.scores.items())
+    # Transposed (points across, students below): one short table beside the chart, not a column of 14 rows.
+    points = "".join(f'<th scope="col">{total}</th>' for total in lab.scores)
+    counts = "".join(_n(n) for n in lab.scores.values())
     return (f'<div class="pair"><figure><figcaption>Scores</figcaption>{svg}</figure>'
-            f'<table><caption>Students by total score</caption><thead><tr><th scope="col">points</th>'
-            f'<th scope="col">students</th></tr></thead><tbody>{rows}</tbody></table></div>')
+            f'<table><caption>Students by total score</caption><thead><tr><th scope="row">points</th>'
+            f'{points}</tr></thead><tbody><tr><th scope="row">students</th>{counts}</tr></tbody></table></div>')
 
 
 def _steps(lab: LabStats) -> str:
@@ -106,14 +108,14 @@ def _quiz(lab: LabStats) -> str:
         return ""
     if not answered:
         return '<h3>Quiz</h3><p class="muted">No answers recorded (work/quiz-&lt;lab&gt;.json) in this class.</p>'
-    bars = [(q.id[:8], [(q.first_try, charts.PASSED), (q.answered - q.first_try, charts.FAILED)])
+    bars = [(q.id[:16], [(q.first_try, charts.PASSED), (q.answered - q.first_try, charts.FAILED)])
             for q in answered]
     svg = charts.stacked(bars, f"Lab {lab.lab}: quiz questions by first-try correctness, hardest first",
                          [("right at the first try", charts.PASSED), ("not", charts.FAILED)])
     head = "".join(f'<th scope="col">{h}</th>' for h in
                    ("question", "answered", "right at first try", "right now", "tries (mean)"))
     rows = "".join(f"<tr><td><span class=\"id\">{escape(q.id)}</span><br>{escape(q.question)}</td>"
-                   f"{_n(q.answered)}{_n(_rate(q.first_try_rate))}{_n(q.correct_now)}{_n(f'{q.attempts:.1f}')}</tr>"
+                   f"{_n(q.answered)}{_n(_rate(q.first_try_rate))}{_n(q.correct_now)}{_n(f'{q.attempts:.1f}' if q.answered else '—')}</tr>"
                    for q in lab.questions)
     return (f'<h3>Quiz</h3><div class="pair"><figure><figcaption>First tries</figcaption>{svg}</figure>'
             f"<table><caption>Questions, hardest at the first try first</caption><thead><tr>{head}</tr></thead>"
