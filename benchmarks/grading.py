@@ -8,11 +8,11 @@ solutions and untouched copies, in turn), then times:
 
 1. `python -m labkit grade SUBS --out DIR --jobs J` (restore, execute, judge, feedback,
    gradebook), with the sandbox (every child and kernel in bubblewrap, each judge in a box);
+   with `--before DIR` (an earlier commit unpacked: `git archive REV | tar -x -C DIR`), that
+   commit's `grade` on the same notebooks too: before and after in one run;
 2. the same with `--no-sandbox` (where the machine can sandbox; skipped otherwise);
 3. plain `jupyter nbconvert --execute` of the same notebooks, split over J processes
    (each check cell then runs the judge inside the kernel, as for a student);
-   With `--before DIR` (an earlier commit unpacked: `git archive REV | tar -x -C DIR`), that
-   commit's `grade` on the same notebooks too: before and after in one run;
 4. `nbgrader autograde` of the same notebooks, where nbgrader is installed (it grades one
    notebook at a time).
 
