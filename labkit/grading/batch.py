@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from labkit import labs, sandbox
-from labkit.grading import gradebook, manifest, record, reveals, submissions
+from labkit.grading import gradebook, manifest, record, reveals, submissions, sweep
 from labkit.grading.settings import (
     CRASHED,
     EXECUTED,
@@ -298,6 +298,10 @@ def _run_locked(found, skipped, batch: Batch, seed: int | None) -> int:
     _check_shard(out, batch.shard)
     reaper.become_subreaper()
     clean_stale(out)
+    if batch.sandboxed:
+        swept = sweep.stale_groups()
+        if swept:
+            print(f"removed {len(swept)} empty control group(s) left by an earlier grader that was killed", flush=True)
     known = submissions.releases(release_dir())
     lab_names = labs.available()
     ctx = _context() if found else None
