@@ -38,6 +38,7 @@ REPORT = "report.html"
 MISTAKES = {Outcome.WRONG, Outcome.RAISED, Outcome.TIMED_OUT, Outcome.DIED}
 EXAMPLES = 2
 LINE_CHARS = 160
+HINT_CHARS = 400  # hints are the course's own sentences, longer than a got line
 
 # Absolute paths (/a/b, ~/a), e-mail addresses: they can name a student or a machine.
 PATH = re.compile(r"(?<![\w.~/-])~?/(?:[^\s/'\"<>,;:()\[\]{}]+/)+[^\s/'\"<>,;:()\[\]{}]*")
@@ -45,7 +46,7 @@ EMAIL = re.compile(r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+")
 SPACES = re.compile(r"\s+")
 
 
-def anonymise(text: str, names: list[str]) -> str:
+def anonymise(text: str, names: list[str], limit: int = LINE_CHARS) -> str:
     """One line with no student name, path or e-mail address left in it, cut to a readable length."""
     text = EMAIL.sub("<email>", text)
     text = PATH.sub("<path>", text)
@@ -54,7 +55,7 @@ def anonymise(text: str, names: list[str]) -> str:
             flags = re.IGNORECASE if len(name) >= 3 else 0
             text = re.sub(rf"(?<!\w){re.escape(name)}(?!\w)", "<student>", text, flags=flags)
     text = SPACES.sub(" ", text).strip()
-    return text if len(text) <= LINE_CHARS else text[: LINE_CHARS - 1] + "…"
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 @dataclass
@@ -219,7 +220,7 @@ def _lab_stats(lab: str, records: list[dict], names: list[str]) -> LabStats:
                     tally = tallies.setdefault((stats.step, key), _Tally())
                     tally.students.add(student)
                     if case.hint:
-                        tally.hints[anonymise(case.hint, names)] += 1
+                        tally.hints[anonymise(case.hint, names, HINT_CHARS)] += 1
                     got = anonymise(case.got, names) if case.got else ""
                     if got:
                         tally.gots.setdefault(got, set()).add(student)

@@ -9,6 +9,7 @@ written outside it.
 
 from __future__ import annotations
 
+import re
 from html import escape
 
 from labkit.grading import charts
@@ -34,6 +35,9 @@ th{background:#eceff1}td.n{text-align:right;font-variant-numeric:tabular-nums}
 </style>
 """
 
+# A step lists at most this many rules; the rest are counted in a line below the table.
+MAX_RULES = 6
+CODE = re.compile(r"`([^`<>]+)`")
 # The report's tables and figures, on top of what the feedback pages allow.
 REPORT_TAGS = ALLOWED_TAGS | {"figure", "figcaption", "caption"}
 REPORT_ATTRIBUTES = {**ALLOWED_ATTRIBUTES, "th": {"colspan", "rowspan", "scope"},
@@ -78,15 +82,23 @@ def _steps(lab: LabStats) -> str:
             f"<tbody>{rows}</tbody></table></div>")
 
 
+def _inline_code(text: str) -> str:
+    """Escaped text with the hints' `backticks` shown as code."""
+    return CODE.sub(r"<code>\1</code>", escape(text))
+
+
 def _clause_row(rank: int, clause: ClauseStats, most: int) -> str:
-    rule = escape(clause.rule) if clause.rule else '<span class="muted">not a clause of the lab\'s contract</span>'
     if clause.key.startswith("case:"):
-        rule = '<span class="muted">(this lab\'s cases carry no clause IDs yet: counted by case name)</span>'
+        rule = ""  # the lab's note says its cases carry no clause IDs yet
+    elif clause.rule:
+        rule = "<br>" + escape(clause.rule)
+    else:
+        rule = '<br><span class="muted">not a clause of the lab\'s contract</span>'
     examples = "".join(f'<span class="got">{escape(got)}</span>' for got in clause.examples) or \
         '<span class="muted">—</span>'
-    return (f"<tr>{_n(rank)}<td><span class=\"id\">{escape(clause.label)}</span><br>{rule}</td>"
+    return (f"<tr>{_n(rank)}<td><span class=\"id\">{escape(clause.label)}</span>{rule}</td>"
             f"{_n(clause.students)}<td>{charts.meter(clause.students, most)}</td>"
-            f"<td>{escape(clause.hint) or '—'}</td><td>{examples}</td></tr>")
+            f"<td>{_inline_code(clause.hint) or '—'}</td><td>{examples}</td></tr>")
 
 
 def _mistakes(step: StepStats) -> str:
@@ -95,11 +107,15 @@ def _mistakes(step: StepStats) -> str:
     most = step.clauses[0].students
     head = "".join(f'<th scope="col">{h}</th>' for h in
                    ("#", "clause and rule", "students", "", "hint they got", "what their code did (examples)"))
-    rows = "".join(_clause_row(i, c, most) for i, c in enumerate(step.clauses, 1))
+    shown = step.clauses[:MAX_RULES]
+    rows = "".join(_clause_row(i, c, most) for i, c in enumerate(shown, 1))
+    more = step.clauses[MAX_RULES:]
+    rest = (f'<p class="muted">… and {len(more)} more, each hit by {max(c.students for c in more)} student(s) '
+            "or fewer (their feedback pages name them).</p>") if more else ""
     name = f"Step {step.step}" if step.step != "final" else "The final check"
     return (f"<h4>{escape(name)} — {escape(step.title)}: {step.failed} failed</h4>"
             f'<table class="clauses"><caption>Broken rules, most students first</caption>'
-            f"<thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>")
+            f"<thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>{rest}")
 
 
 def _quiz(lab: LabStats) -> str:
