@@ -16,7 +16,9 @@ Each notebook is one of:
 - **skeleton**: the release, untouched;
 - **wrong**: one wrong solution of the catalogue. Its step N (the one its docstring names)
   comes from the wrong file; every step that builds on N is left as the skeleton (so what
-  it would do with the broken step N is not a question); every other step is the reference's.
+  it would do with the broken step N is not a question; the final check, which has no cell,
+  gets one more of its bases left as the skeleton: `beyond_doubt`); every other step is the
+  reference's.
 
 `Known` says, from this construction alone and without running anything, what each notebook
 must get: which steps pass, which fail with a mistake, which are not started, which clause
@@ -111,6 +113,41 @@ def dependents(lab: Lab, step: str) -> set[str]:
     return found
 
 
+def cellless(lab: Lab) -> set[str]:
+    """Steps with no cell of their own (the final check): they run the other steps' code."""
+    return {s for s in lab.steps if s not in lab.parts}
+
+
+def bases(lab: Lab, step: str) -> set[str]:
+    """Every step `step` builds on, directly or not."""
+    found, todo = set(), list(lab.requires[step])
+    while todo:
+        base = todo.pop()
+        if base not in found:
+            found.add(base)
+            todo += lab.requires[base]
+    return found
+
+
+def beyond_doubt(lab: Lab, wrong: str) -> set[str]:
+    """The steps that do not pass when step `wrong` is wrong, chosen so that each one's outcome
+    is known: `wrong` fails, every step with a cell that builds on it stays the skeleton (not
+    started). A step with no cell (the final check) that builds on `wrong` would run the wrong
+    code, and whether its scenario meets the mistake is not known from the file; so one more
+    step it builds on is left as the skeleton too, and it is "not started" for sure (as the
+    judge reports a step whose code raises NotImplementedError)."""
+    off = {wrong} | dependents(lab, wrong)
+    for step in sorted(cellless(lab) & off):
+        skeletons = off - {wrong} - cellless(lab)
+        if bases(lab, step) & skeletons:
+            continue
+        spare = sorted(s for s in bases(lab, step) if s in lab.parts and s not in off)
+        if not spare:
+            raise ValueError(f"{lab.name}: step {step} builds on step {wrong} alone: its outcome is unknown")
+        off |= {spare[-1]} | dependents(lab, spare[-1])
+    return off
+
+
 def closed(lab: Lab, chosen: set[str]) -> set[str]:
     """`chosen` without every step whose requirements are not all in it (repeated until stable)."""
     chosen = set(chosen)
@@ -181,12 +218,14 @@ def build(n: int, seed: int = 1, root: Path = ROOT) -> list[corpus.Entry]:
         elif kind == "partial":
             passes = set()
             while not passes or passes == all_steps:
-                passes = closed(lab, {s for s in lab.steps if rng.random() < 0.6})
+                chosen = {s for s in lab.steps if s in lab.parts and rng.random() < 0.6}
+                passes = closed(lab, chosen | cellless(lab))  # a step with no cell passes when its bases do
             nb, fails = notebook(lab, lab.parts, passes), set()
         else:
             wrong_file, step, clause, code = lab.wrong[turn[lab.name] % len(lab.wrong)]
             turn[lab.name] += 1
-            passes = all_steps - {step} - dependents(lab, step)
+            off = beyond_doubt(lab, step)
+            passes = all_steps - off
             nb, fails = notebook(lab, {**lab.parts, step: code}, passes | {step}), {step}
         files = {}
         quiz, answers = _quiz(lab.name, rng)
