@@ -22,6 +22,10 @@ from tests.submissions.gradebooks import differences
 from tests.test_grading import grader_env, needs_release
 
 SEED = 7
+# Three grade runs of a few notebooks each and a merge: about a minute and a half on a quiet
+# 2-core machine, but the fixture counts against pytest's 300 s per test, and a loaded machine
+# (seen: load 45) takes longer.
+pytestmark = pytest.mark.timeout(1200)
 
 
 def labkit(*args) -> list[str]:
