@@ -17,8 +17,9 @@ Each notebook is one of:
 - **wrong**: one wrong solution of the catalogue. Its step N (the one its docstring names)
   comes from the wrong file; every step that builds on N is left as the skeleton (so what
   it would do with the broken step N is not a question; the final check, which has no cell,
-  gets one more of its bases left as the skeleton: `beyond_doubt`); every other step is the
-  reference's.
+  gets one more of its bases left as the skeleton, so it cannot pass: `beyond_doubt`; whether
+  it then fails or is not started depends on which it meets first, so `Known.unsure` says
+  "one or the other"); every other step is the reference's.
 
 `Known` says, from this construction alone and without running anything, what each notebook
 must get: which steps pass, which fail with a mistake, which are not started, which clause
@@ -57,6 +58,9 @@ class Known:
     clause: str = ""  # the clause the wrong file's docstring names ("" before clauses existed)
     quiz: dict = field(default_factory=dict)  # question id → (first choice, last choice, attempts)
     revealed: frozenset[str] = frozenset()
+    # Steps that do not pass, but whether they fail or are not started is not known from the
+    # file: the final check running a wrong step and a skeleton meets whichever comes first.
+    unsure: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -97,8 +101,10 @@ def labs(root: Path = ROOT) -> list[Lab]:
                 wrong.append((path.name, step, said.group("clause") or "", theirs[step]))
         filename = next(p.name for p in sorted((root / "notebooks").glob("*.ipynb"))
                         if nbformat.read(p, as_version=4).metadata.get("labkit", {}).get("lab") == name)
-        found.append(Lab(name, release, filename, parts, [str(s.step) for s in spec.steps],
-                         {str(s.step): {str(r) for r in s.requires} for s in spec.steps}, wrong))
+        lab = Lab(name, release, filename, parts, [str(s.step) for s in spec.steps],
+                  {str(s.step): {str(r) for r in s.requires} for s in spec.steps}, wrong)
+        lab.wrong = [w for w in wrong if _knowable(lab, w[1])]
+        found.append(lab)
     return found
 
 
@@ -141,11 +147,19 @@ def beyond_doubt(lab: Lab, wrong: str) -> set[str]:
         skeletons = off - {wrong} - cellless(lab)
         if bases(lab, step) & skeletons:
             continue
-        spare = sorted(s for s in bases(lab, step) if s in lab.parts and s not in off)
+        spare = sorted(s for s in bases(lab, step) - bases(lab, wrong) if s in lab.parts and s not in off)
         if not spare:
             raise ValueError(f"{lab.name}: step {step} builds on step {wrong} alone: its outcome is unknown")
         off |= {spare[-1]} | dependents(lab, spare[-1])
     return off
+
+
+def _knowable(lab: Lab, step: str) -> bool:
+    try:
+        beyond_doubt(lab, step)
+    except ValueError:
+        return False
+    return True
 
 
 def closed(lab: Lab, chosen: set[str]) -> set[str]:
@@ -222,9 +236,14 @@ def build(n: int, seed: int = 1, root: Path = ROOT) -> list[corpus.Entry]:
                 passes = closed(lab, chosen | cellless(lab))  # a step with no cell passes when its bases do
             nb, fails = notebook(lab, lab.parts, passes), set()
         else:
-            wrong_file, step, clause, code = lab.wrong[turn[lab.name] % len(lab.wrong)]
-            turn[lab.name] += 1
-            off = beyond_doubt(lab, step)
+            off = None
+            while off is None:  # the catalogue in turn, leaving out files whose outcome is not known
+                wrong_file, step, clause, code = lab.wrong[turn[lab.name] % len(lab.wrong)]
+                turn[lab.name] += 1
+                try:
+                    off = beyond_doubt(lab, step)
+                except ValueError:
+                    continue
             passes = all_steps - off
             nb, fails = notebook(lab, {**lab.parts, step: code}, passes | {step}), {step}
         files = {}
@@ -239,8 +258,10 @@ def build(n: int, seed: int = 1, root: Path = ROOT) -> list[corpus.Entry]:
                 files[f"work/revealed-{lab.name}.json"] = json.dumps({"lab": lab.name, "steps": steps}).encode()
             else:
                 nb.cells.append(_reveal_output(lab.name, next(iter(revealed))))
-        known = Known(lab.name, kind, frozenset(passes), frozenset(fails), frozenset(all_steps - passes - fails),
-                      wrong_file, clause, quiz, frozenset(revealed))
+        unsure = (cellless(lab) - passes) if kind == "wrong" else set()
+        known = Known(lab.name, kind, frozenset(passes), frozenset(fails),
+                      frozenset(all_steps - passes - fails - unsure), wrong_file, clause, quiz, frozenset(revealed),
+                      frozenset(unsure))
         entries.append(corpus.Entry(student, lab.filename, nb, frozenset(passes), lab=lab.name, files=files,
                                     why=f"{kind}" + (f" ({wrong_file})" if wrong_file else ""), known=known))
     return entries
@@ -265,11 +286,12 @@ def expected(entries: list[corpus.Entry]) -> dict[str, dict]:
         total = sum(points[s] for s in known.passes)
         lab["scores"][total] = lab["scores"].get(total, 0) + 1
         for step in points:
-            counts = lab["steps"].setdefault(step, [0, 0, 0, 0])
+            counts = lab["steps"].setdefault(step, [0, 0, 0, 0, 0])
             counts[0] += step in known.passes
             counts[1] += step in known.fails
             counts[2] += step in known.not_started
             counts[3] += step in known.revealed
+            counts[4] += step in known.unsure
         if known.clause:
             key = (next(iter(known.fails)), known.clause)
             lab["clauses"][key] = lab["clauses"].get(key, 0) + 1
@@ -303,10 +325,13 @@ def report_problems(report, entries: list[corpus.Entry]) -> list[str]:
         if scores != lab_want["scores"]:
             problems.append(f"{name}: scores {scores}, the mix gives {lab_want['scores']}")
         steps = {s.step: (s.passed, s.failed, s.not_started, s.revealed) for s in lab.steps}
-        for step, counts in lab_want["steps"].items():
-            if steps.get(step) != counts:
-                problems.append(f"{name} step {step}: (passed, failed, not started, revealed) = "
-                                f"{steps.get(step)}, the mix gives {counts}")
+        for step, (passed, failed, not_started, revealed, unsure) in lab_want["steps"].items():
+            seen = steps.get(step)
+            # `unsure` notebooks fail or are not started: each of those counts may be that much higher.
+            if seen is None or seen[0] != passed or seen[3] != revealed or seen[1] + seen[2] != failed + not_started + unsure \
+                    or seen[1] < failed or seen[2] < not_started:
+                problems.append(f"{name} step {step}: (passed, failed, not started, revealed) = {seen}, the mix "
+                                f"gives {(passed, failed, not_started, revealed)} with {unsure} failed or not started")
         hits = {(s.step, c.key): c.students for s in lab.steps for c in s.clauses}
         for (step, clause), n in lab_want["clauses"].items():
             # At least every student whose wrong file names the clause (a wrong file may break
