@@ -1,6 +1,6 @@
 """What one `grade` run was: written into its --out folder, so shards can be merged safely.
 
-`DIR/.results/manifest.json` records everything that decides a grade — the released
+`DIR/.results/manifest.state` (JSON) records everything that decides a grade — the released
 notebooks and the grader's own code (as fingerprints), the seed, the limits, whether student
 code ran in the sandbox — plus the shard (`I/N`, or 1/1 for a whole run), every student found
 in the submissions, and every submission the whole class has (key, student, lab, file hash),
@@ -19,7 +19,7 @@ from labkit.grading import gradebook
 from labkit.grading.settings import ROOT, Limits
 
 VERSION = 1
-NAME = "manifest.json"
+NAME = "manifest.state"  # not *.json: every .json in .results is one submission's record
 # The grader's own code: a change in any of these can change a grade.
 CODE = ("labkit", "checks")
 

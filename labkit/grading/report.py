@@ -145,8 +145,6 @@ def _records(out: Path) -> tuple[list[dict], int]:
     folder = gradebook.results_dir(out)
     records, unreadable = [], 0
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
-        if path.name == "manifest.json":
-            continue
         data = gradebook.read_result(path)
         row = data.get("row") if data else None
         if not isinstance(row, dict) or data.get("key") != path.stem or not isinstance(row.get("student"), str) \
