@@ -32,6 +32,8 @@ from labkit.judge.expect import (
     outcome_hint,
     raises,
     returns,
+    under,
+    value_of,
 )
 from labkit.judge.run import LabSpec, StepContext, StepSpec
 from labkit.judge.verdict import Case, Outcome
@@ -65,7 +67,8 @@ DB_CLOSE_HINT = ("Close the DB connection on every path: open_store, then `try: 
 def unchanged_input(record: dict) -> Miss | None:
     if record["observed"].get("input_changed"):
         return Miss("the list passed in was modified",
-                    "Never modify the input: the caller's log is still theirs. Build a new list.")
+                    "Never modify the input: the caller's log is still theirs. Build a new list.",
+                    clause="4.no-mutation")
     return None
 
 
@@ -91,6 +94,14 @@ def resumes_on(journal: list[dict]) -> list[int]:
 def deltas(rng: random.Random, n: int) -> list[int]:
     """Random non-zero deltas, so counting one twice always shows in the total."""
     return [rng.choice((-1, 1)) * rng.randint(1, 1000) for _ in range(n)]
+
+
+def distinct_history(rng: random.Random, n: int) -> list[tuple[int, int]]:
+    """Events 0..n-1 whose total differs from the last seq, so (total, last) swapped always shows."""
+    values = deltas(rng, n)
+    if sum(values) == n - 1:
+        values[0] = -values[0]  # changes the sum by 2*|delta| != 0
+    return list(enumerate(values))
 
 
 # --- the judge's own view of a store (the contract's schema) ------------------------------
@@ -179,71 +190,155 @@ def store_state(applied: list[tuple[int, int]]) -> dict:
 
 LF_HINT = ("A frame without its final LF is torn: the feed may have died mid-line. "
            "Check `line.endswith(b\"\\n\")` before you strip anything.")
-CRLF_HINT = ("CRLF is not this feed's line ending: exactly one LF ends a frame, and a `\\r` before "
-             "it is an error. (`strip()` and `splitlines()` hide it.)")
+STRIP_HINT = ("Check that the frame is complete *before* stripping: `line[:-1]` cuts a byte without "
+              "looking, and `rstrip()`/`strip()` eat a second LF or trailing blanks. Test "
+              "`line.endswith(b\"\\n\")` and the count of LFs first, then drop exactly one byte.")
+CRLF_HINT = ("CRLF is not this feed's line ending: exactly one LF ends a frame, and a `\\r` anywhere "
+             "is an error. (`strip()`, `splitlines()` and `str.split()` hide it.)")
+ONE_FRAME_HINT = ("One frame is one line: exactly one LF, as its last byte, and at most 64 bytes in all. "
+                  "`re`'s `$` also matches just before a final LF, so `\\n$` lets an extra LF through: "
+                  "use `fullmatch` (or `\\Z`).")
 ZERO_HINT = ("No leading zeros: `int(b\"07\")` is 7, so check the digits yourself "
              "(only the number `0` itself may start with 0).")
-SPACE_HINT = ("Fields are separated by exactly one space: `split()` with no argument merges runs of "
-              "spaces and tabs; use `split(b\" \")` or a regex.")
-ASCII_HINT = ("Only ASCII: once decoded, `int()` and `isdigit()` accept digits of other scripts. "
-              "Keep the line as bytes and match `[0-9]`, or check `line.isascii()`.")
-RANGE_HINT = "seq ranges from 0 to 2147483647, delta from -1000 to 1000."
+SPACE_HINT = ("Fields are separated by exactly one space: `split()` with no argument splits on any run of "
+              "whitespace (tabs, form feeds, CRs…), and `int()` ignores blanks around a number; split on "
+              "`b\" \"` exactly and look at every byte.")
+ASCII_HINT = ("Only ASCII: once decoded, `int()`, `isdigit()` and the regex `\\d` accept digits of other "
+              "scripts. Keep the line as bytes and match `[0-9]`, or check `line.isascii()`.")
+DIGITS_HINT = ("A number is ASCII digits (delta: an optional `-` first) and nothing else: `int()` also "
+               "accepts `_` between digits, blanks around them, and more; check the characters yourself.")
+KEYWORD_HINT = "The frame starts with exactly `EVENT` (capitals, nothing before it, one space after it)."
+FIELDS_HINT = "Exactly two numbers follow `EVENT`: seq, then delta."
+TYPE_HINT = "Only `bytes` are frames: test `type(line) is bytes`; refuse a str, bytearray or None, don't convert."
+PLUS_HINT = "No `+` sign: `int()` accepts one, the frame format does not."
+MINUS_ZERO_HINT = "`-0` is refused: zero has one spelling, `0`. A pattern like `-?[0-9]+` lets it through."
+SEQ_RANGE_HINT = "seq ranges from 0 to 2147483647, both included: no sign, at most that value."
+DELTA_RANGE_HINT = "delta ranges from -1000 to 1000, both included."
+RESULT_HINT = "Return a tuple of two ints: `(seq, delta)`."
+RANGE_HINT = "seq ranges from 0 to 2147483647, delta from -1000 to 1000, both ends included."
+
+CLAUSE_HINTS = {
+    "1.bytes-only": TYPE_HINT, "1.keyword": KEYWORD_HINT, "1.single-space": SPACE_HINT,
+    "1.two-fields": FIELDS_HINT, "1.final-lf": LF_HINT, "1.complete-before-strip": STRIP_HINT,
+    "1.no-crlf": CRLF_HINT, "1.one-frame": ONE_FRAME_HINT, "1.ascii": ASCII_HINT, "1.digits": DIGITS_HINT,
+    "1.no-leading-zero": ZERO_HINT, "1.no-plus": PLUS_HINT, "1.no-minus-zero": MINUS_ZERO_HINT,
+    "1.seq-range": SEQ_RANGE_HINT, "1.delta-range": DELTA_RANGE_HINT, "1.result": RESULT_HINT,
+}
+
+# Every way a line can be refused, each tried in every run: (case name, line, clauses). The
+# first clause is the rule the oracle names for that line; a second one is the mistake it
+# also catches.
+WHITESPACE = (("a tab", b"\t"), ("a vertical tab", b"\x0b"), ("a form feed", b"\x0c"),
+              ("two spaces", b"  "), ("an ASCII file separator (str.split() splits on it)", b"\x1c"))
+REFUSED_LINES: list[tuple[str, object, tuple[str, ...]]] = [
+    ("a str, not bytes", "EVENT 7 5\n", ("1.bytes-only",)),
+    ("a bytearray", bytearray(b"EVENT 7 5\n"), ("1.bytes-only",)),
+    ("None", None, ("1.bytes-only",)),
+    ("an int", 7, ("1.bytes-only",)),
+    ("lower-case keyword", b"event 7 5\n", ("1.keyword",)),
+    ("capitalised keyword", b"Event 7 5\n", ("1.keyword",)),
+    ("keyword EVENTS", b"EVENTS 7 5\n", ("1.keyword",)),
+    ("keyword EVEN", b"EVEN 7 5\n", ("1.keyword",)),
+    ("a byte before the keyword", b"XEVENT 7 5\n", ("1.keyword",)),
+    ("no space after the keyword", b"EVENT7 5\n", ("1.keyword",)),
+    ("no keyword", b"7 5\n", ("1.keyword",)),
+    ("an empty line (a lone LF)", b"\n", ("1.keyword",)),
+    *[(f"{name} after the keyword", b"EVENT" + blank + b"7 5\n", ("1.single-space",))
+      for name, blank in WHITESPACE],
+    *[(f"{name} between seq and delta", b"EVENT 7" + blank + b"5\n", ("1.single-space",))
+      for name, blank in WHITESPACE],
+    ("a space at the start", b" EVENT 7 5\n", ("1.single-space",)),
+    ("a tab at the start", b"\tEVENT 7 5\n", ("1.single-space",)),
+    ("a space before the LF", b"EVENT 7 5 \n", ("1.single-space", "1.complete-before-strip")),
+    ("a tab before the LF", b"EVENT 7 5\t\n", ("1.single-space", "1.complete-before-strip")),
+    ("a form feed before the LF", b"EVENT 7 5\x0c\n", ("1.single-space", "1.complete-before-strip")),
+    ("no delta", b"EVENT 7\n", ("1.two-fields",)),
+    ("no numbers", b"EVENT\n", ("1.two-fields",)),
+    ("a third number", b"EVENT 7 5 9\n", ("1.two-fields",)),
+    ("an empty line (no bytes at all)", b"", ("1.final-lf",)),
+    ("a torn frame (no final LF)", b"EVENT 7 5", ("1.final-lf",)),
+    ("a torn frame whose last byte looks like an LF's place (EVENT 7 55)", b"EVENT 7 55",
+     ("1.final-lf", "1.complete-before-strip")),
+    ("a torn frame cut after a digit (EVENT 70 50)", b"EVENT 70 50", ("1.final-lf", "1.complete-before-strip")),
+    ("a frame ending in CRLF", b"EVENT 7 5\r\n", ("1.no-crlf",)),
+    ("a frame ending in CR", b"EVENT 7 5\r", ("1.no-crlf", "1.complete-before-strip")),
+    ("a CR between seq and delta", b"EVENT 7\r5\n", ("1.no-crlf",)),
+    ("a frame ending in CR CR LF", b"EVENT 7 5\r\r\n", ("1.no-crlf",)),
+    ("two frames in one line", b"EVENT 7 5\nEVENT 8 1\n", ("1.one-frame",)),
+    ("an LF in the middle", b"EVENT 7\n5\n", ("1.one-frame",)),
+    ("an empty line after the frame (LF LF)", b"EVENT 7 5\n\n", ("1.one-frame", "1.complete-before-strip")),
+    ("a 64-byte line (the limit) of leading zeros", b"EVENT 7 " + b"0" * 54 + b"5\n", ("1.no-leading-zero",)),
+    ("a 65-byte line of leading zeros", b"EVENT 7 " + b"0" * 55 + b"5\n", ("1.one-frame", "1.no-leading-zero")),
+    ("a 65-byte line of digits", b"EVENT 7 " + b"1" * 56 + b"\n", ("1.one-frame", "1.delta-range")),
+    ("a 1000-byte line", b"EVENT 7 " + b"1" * 991 + b"\n", ("1.one-frame", "1.delta-range")),
+    ("fullwidth digits", "EVENT ７ 5\n".encode(), ("1.ascii",)),
+    ("Arabic-Indic digits", "EVENT 7 ٥\n".encode(), ("1.ascii",)),
+    ("Devanagari digits", "EVENT ७ 5\n".encode(), ("1.ascii",)),
+    ("a superscript two", "EVENT 7 ²\n".encode(), ("1.ascii",)),
+    ("a Latin-1 byte", b"EVENT 7 5\xa0\n", ("1.ascii",)),
+    ("a UTF-8 no-break space between the fields", "EVENT\u00a07 5\n".encode(), ("1.ascii",)),
+    ("a UTF-8 next-line character before the LF", "EVENT 7 5\u0085\n".encode(), ("1.ascii",)),
+    ("an underscore in seq", b"EVENT 1_000 5\n", ("1.digits",)),
+    ("an underscore in delta", b"EVENT 7 1_0\n", ("1.digits",)),
+    ("a hexadecimal seq", b"EVENT 0x1 5\n", ("1.digits",)),
+    ("a decimal point", b"EVENT 7 5.0\n", ("1.digits",)),
+    ("an exponent", b"EVENT 7 5e2\n", ("1.digits",)),
+    ("a lone minus", b"EVENT 7 -\n", ("1.digits",)),
+    ("two minus signs", b"EVENT 7 --5\n", ("1.digits",)),
+    ("a trailing minus", b"EVENT 7 5-\n", ("1.digits",)),
+    ("a word for a number", b"EVENT seven 5\n", ("1.digits",)),
+    ("a NUL byte after delta", b"EVENT 7 5\x00\n", ("1.digits",)),
+    ("seq with a leading zero", b"EVENT 07 5\n", ("1.no-leading-zero",)),
+    ("seq 00", b"EVENT 00 5\n", ("1.no-leading-zero",)),
+    ("delta 00", b"EVENT 7 00\n", ("1.no-leading-zero",)),
+    ("delta with a leading zero", b"EVENT 7 -05\n", ("1.no-leading-zero",)),
+    ("delta with two leading zeros", b"EVENT 7 007\n", ("1.no-leading-zero",)),
+    ("seq with a + sign", b"EVENT +7 5\n", ("1.no-plus",)),
+    ("delta with a + sign", b"EVENT 7 +5\n", ("1.no-plus",)),
+    ("delta +0", b"EVENT 7 +0\n", ("1.no-plus",)),
+    ("delta -0", b"EVENT 7 -0\n", ("1.no-minus-zero",)),
+    ("delta -00", b"EVENT 7 -00\n", ("1.no-minus-zero",)),
+    ("seq -1", b"EVENT -1 5\n", ("1.seq-range",)),
+    ("seq -0", b"EVENT -0 5\n", ("1.seq-range",)),
+    ("seq 2147483648 (one past the largest)", b"EVENT 2147483648 5\n", ("1.seq-range",)),
+    ("seq 10000000000 (eleven digits)", b"EVENT 10000000000 5\n", ("1.seq-range",)),
+    ("delta 1001 (one past the largest)", b"EVENT 7 1001\n", ("1.delta-range",)),
+    ("delta -1001 (one past the smallest)", b"EVENT 7 -1001\n", ("1.delta-range",)),
+    ("delta 99999", b"EVENT 7 99999\n", ("1.delta-range",)),
+]
+
+
+def accepted_lines(rng: random.Random) -> list[tuple[str, bytes, tuple[int, int], tuple[str, ...]]]:
+    """Frames that must parse: every bound, then a few drawn at random (added, never instead)."""
+    seq, delta = rng.randint(1, SEQ_MAX), rng.randint(1, 1000)
+    short = rng.randint(1, 9)
+    return [
+        ("a plain frame", b"EVENT 7 5\n", (7, 5), ("1.result",)),
+        ("seq 0 and delta 0", b"EVENT 0 0\n", (0, 0), ("1.no-leading-zero",)),
+        ("seq 0 (the smallest)", b"EVENT 0 5\n", (0, 5), ("1.seq-range",)),
+        ("seq 2147483647 (the largest)", b"EVENT 2147483647 5\n", (SEQ_MAX, 5), ("1.seq-range",)),
+        ("delta -1000 (the smallest)", b"EVENT 7 -1000\n", (7, -1000), ("1.delta-range",)),
+        ("delta 1000 (the largest)", b"EVENT 7 1000\n", (7, 1000), ("1.delta-range",)),
+        ("delta -1", b"EVENT 7 -1\n", (7, -1), ("1.result",)),
+        ("seq 10 and delta -10 (a 0 after the first digit)", b"EVENT 10 -10\n", (10, -10), ("1.no-leading-zero",)),
+        ("the longest frame (23 bytes)", b"EVENT 2147483647 -1000\n", (SEQ_MAX, -1000), ("1.one-frame",)),
+        ("a random frame", b"EVENT %d %d\n" % (seq, delta), (seq, delta), ("1.result",)),
+        ("a random negative delta", b"EVENT %d -%d\n" % (seq // 7, delta), (seq // 7, -delta), ("1.result",)),
+        ("a random one-digit frame", b"EVENT %d %d\n" % (short, short), (short, short), ("1.result",)),
+    ]
 
 
 def check_parse(ctx: StepContext) -> list[Case]:
-    rng = ctx.rng
-    seq, delta = rng.randint(1, SEQ_MAX), rng.randint(1, 1000)
-    good = [
-        ("a plain frame", b"EVENT 7 5\n", (7, 5)),
-        ("seq 0 and delta 0", b"EVENT 0 0\n", (0, 0)),
-        ("the largest seq and the smallest delta", b"EVENT 2147483647 -1000\n", (SEQ_MAX, -1000)),
-        ("delta 1000", b"EVENT 1 1000\n", (1, 1000)),
-        ("a random frame", b"EVENT %d %d\n" % (seq, delta), (seq, delta)),
-        ("a random negative delta", b"EVENT %d -%d\n" % (seq // 7, delta), (seq // 7, -delta)),
-    ]
-    bad = [
-        ("a str, not bytes", "EVENT 7 5\n", "Only `bytes` are frames: refuse a `str`, don't encode it."),
-        ("a bytearray", bytearray(b"EVENT 7 5\n"), "Only `bytes`: test `type(line) is bytes`."),
-        ("None", None, "Only `bytes` are frames."),
-        ("an empty line", b"", LF_HINT),
-        ("a lone LF", b"\n", "A frame is `EVENT <seq> <delta>`: an empty line is an error."),
-        ("a torn frame (no final LF)", b"EVENT 7 5", LF_HINT),
-        ("a frame ending in CRLF", b"EVENT 7 5\r\n", CRLF_HINT),
-        ("a frame ending in CR", b"EVENT 7 5\r", CRLF_HINT),
-        ("two frames in one line", b"EVENT 7 5\nEVENT 8 1\n", "Exactly one line: a second LF means two frames."),
-        ("an LF in the middle", b"EVENT 7\n5\n", "Exactly one line, with its only LF at the end."),
-        ("seq with a leading zero", b"EVENT 07 5\n", ZERO_HINT),
-        ("seq 00", b"EVENT 00 5\n", ZERO_HINT),
-        ("delta with a leading zero", b"EVENT 7 -05\n", ZERO_HINT),
-        ("delta -0", b"EVENT 7 -0\n", "`-0` is refused: zero has one spelling, `0`. A pattern like "
-                                     "`-?[0-9]+` lets it through."),
-        ("delta with a + sign", b"EVENT 7 +5\n", "No `+` sign: `int()` accepts one, the frame format does not."),
-        ("seq with a + sign", b"EVENT +7 5\n", "No `+` sign: `int()` accepts one, the frame format does not."),
-        ("a negative seq", b"EVENT -1 5\n", RANGE_HINT),
-        ("seq 2147483648", b"EVENT 2147483648 5\n", RANGE_HINT),
-        ("delta 1001", b"EVENT 7 1001\n", RANGE_HINT),
-        ("delta -1001", b"EVENT 7 -1001\n", RANGE_HINT),
-        ("an underscore in a number", b"EVENT 1_000 5\n",
-         "`int()` accepts `_` between digits (`int(\"1_000\") == 1000`): check the characters yourself."),
-        ("fullwidth digits", "EVENT ７ 5\n".encode(), ASCII_HINT),
-        ("Arabic-Indic digits", "EVENT 7 ٥\n".encode(), ASCII_HINT),
-        ("a Latin-1 byte", b"EVENT 7 5\xa0\n", ASCII_HINT),
-        ("two spaces", b"EVENT 7  5\n", SPACE_HINT),
-        ("a tab", b"EVENT\t7 5\n", SPACE_HINT),
-        ("a space before the LF", b"EVENT 7 5 \n", SPACE_HINT),
-        ("a space at the start", b" EVENT 7 5\n", SPACE_HINT),
-        ("lower-case keyword", b"event 7 5\n", "The keyword is `EVENT`, in capitals."),
-        ("a third number", b"EVENT 7 5 9\n", "Exactly two numbers: seq and delta."),
-        ("no delta", b"EVENT 7\n", "Exactly two numbers: seq and delta."),
-        ("65 bytes", b"EVENT 7 " + b"1" * 55 + b"\n", "At most 64 bytes, LF included: refuse longer lines first."),
-    ]
     plans, values = [], []
-    for label, line, expected in good:
+    for label, line, expected, clauses in accepted_lines(ctx.rng):
         plans.append(Plan(label, f"parse_line({show(line)})", show(expected),
-                          returns(expected, "Return a tuple of two ints: `(seq, delta)`.")))
+                          returns(expected, CLAUSE_HINTS[clauses[0]] if clauses[0] != "1.result" else RESULT_HINT),
+                          clauses=clauses))
         values.append(line)
-    for label, line, hint in bad:
-        plans.append(Plan(label, f"parse_line({show(line)})", "ValueError", raises("ValueError", hint), hint))
+    for label, line, clauses in REFUSED_LINES:
+        hint = CLAUSE_HINTS[clauses[-1]]
+        plans.append(Plan(label, f"parse_line({show(line)})", "ValueError", raises("ValueError", hint), hint,
+                          clauses=clauses))
         values.append(line)
     specs = [{"name": p.name, "fn": "parse_line", "args": [encode(v)]} for p, v in zip(plans, values, strict=True)]
     return ctx.cases("calls", plans, {"calls": specs}, probes="labkit.probe")
@@ -279,95 +374,160 @@ def _schema_miss(path: Path) -> Miss | None:
 
 def check_store(ctx: StepContext) -> list[Case]:
     rng = ctx.rng
-    new, saved, garbage = ctx.path("new.db"), ctx.path("saved.db"), ctx.path("not-a-db.db")
-    history = list(enumerate(deltas(rng, rng.randint(3, 6))))
-    make_store(saved, history)
+    new, empty, garbage, misshapen = (ctx.path(n) for n in ("new.db", "empty.db", "not-a-db.db", "misshapen.db"))
+    history = distinct_history(rng, rng.randint(3, 6))
+    saved = make_store(ctx.path("saved.db"), history)
     before = stores.fingerprint(saved)
+    rowless = make_store(ctx.path("rowless.db"), history[:2])
+    stores.execute(rowless, "DELETE FROM checkpoint")
+    rowless_before = stores.rows(rowless, "SELECT seq, delta FROM ledger ORDER BY seq")
     fresh = make_store(ctx.path("fresh.db"))
+    empty.write_bytes(b"")
     garbage.write_bytes(b"this is not a database, just text\n" * 64)
+    stores.execute(misshapen, "CREATE TABLE checkpoint(id INTEGER PRIMARY KEY, last INTEGER NOT NULL);")
 
-    def opened(record: dict) -> Miss | None:
-        outcome, seen = record["outcome"], record["observed"]
-        if outcome["kind"] != "returned" or outcome["value"].get("type") != "Connection":
-            return Miss(describe(outcome), "open_store returns the sqlite3.Connection it opened.")
-        if seen.get("isolation_level") != encode(None):
-            return Miss(f"isolation_level is {show(decode(seen.get('isolation_level', encode(''))))}",
-                        "Connect with `isolation_level=None`: the default opens hidden transactions.")
-        if seen.get("busy_timeout") != 1000:
-            return Miss(f"the busy timeout is {seen.get('busy_timeout')} ms",
-                        "Pass `timeout=1.0` to sqlite3.connect (a 1 s busy timeout).")
-        if seen.get("in_transaction"):
-            return Miss("open_store returned with a transaction still open", TRANSACTION_HINT)
-        return None
+    opened = both(
+        under("2.connection", returned_connection),
+        under("2.autocommit", lambda r: None if r["observed"].get("isolation_level") == encode(None) else Miss(
+            f"isolation_level is {show(decode(r['observed'].get('isolation_level', encode(''))))}",
+            "Connect with `isolation_level=None`: the default opens hidden transactions.")),
+        under("2.busy-timeout", lambda r: None if r["observed"].get("busy_timeout") == 1000 else Miss(
+            f"the busy timeout is {r['observed'].get('busy_timeout')} ms",
+            "Pass `timeout=1.0` to sqlite3.connect (a 1 s busy timeout).")),
+        under("2.no-open-transaction", lambda r: None if not r["observed"].get("in_transaction") else Miss(
+            "open_store returned with a transaction still open", TRANSACTION_HINT)),
+    )
 
-    def initial_row(record: dict) -> Miss | None:
-        miss = _schema_miss(new)
-        if miss is not None:
-            return miss
-        rows = stores.rows(new, "SELECT id, last, total FROM checkpoint")
-        if rows != [(1, -1, 0)]:
-            return Miss(f"checkpoint holds {rows}", "Insert the row (1, -1, 0) when it is missing, and only then.")
-        return None
+    def initial_row(path: Path, hint: str):
+        def check(record: dict) -> Miss | None:
+            miss = under("2.schema", lambda _: _schema_miss(path))(record)
+            if miss is not None:
+                return miss
+            rows = stores.rows(path, "SELECT id, last, total FROM checkpoint")
+            if rows != [(1, -1, 0)]:
+                return Miss(f"checkpoint holds {show_rows(rows)}", hint, clause="2.initial-row")
+            return None
 
-    def kept(record: dict) -> Miss | None:
-        if record["outcome"]["kind"] != "returned":
-            return Miss(describe(record["outcome"]), "Opening an existing store must work.")
-        if stores.fingerprint(saved) != before:
-            now = snapshot(saved)
-            return Miss(f"the saved store changed: before last {history[-1][0]}, total "
-                        f"{sum(d for _, d in history)}; after {shown(now)}", KEEP_HINT)
+        return check
+
+    def unchanged(path: Path, fingerprint: list, what: str):
+        def check(record: dict) -> Miss | None:
+            if stores.fingerprint(path) != fingerprint:
+                return Miss(f"the saved store changed: before {what}; after {shown(snapshot(path))}", KEEP_HINT)
+            return None
+
+        return under("2.keep-saved", check)
+
+    def ledger_kept(record: dict) -> Miss | None:
+        now = stores.rows(rowless, "SELECT seq, delta FROM ledger ORDER BY seq")
+        if now != rowless_before:
+            return Miss(f"the ledger changed from {show_rows(rowless_before)} to {show_rows(now)}", KEEP_HINT)
         return None
 
     expected_saved = (history[-1][0], sum(d for _, d in history))
     tuple_hint = "Return a tuple `(last, total)` read from the checkpoint row."
+    row_hint = "Insert the row (1, -1, 0) when it is missing, and only then (`INSERT OR IGNORE`)."
     plans = [
         Plan("open_store on a new file", "open_store(new file)",
              "a connection (isolation_level None, 1 s busy timeout); tables checkpoint and ledger; row (1, -1, 0)",
-             both(opened, initial_row)),
+             both(opened, initial_row(new, row_hint)),
+             clauses=("2.connection", "2.autocommit", "2.busy-timeout", "2.schema", "2.initial-row")),
         Plan("open_store on the same file again", "open_store(that file) again",
-             "a connection; still exactly one checkpoint row (1, -1, 0)", both(opened, initial_row)),
+             "a connection; still exactly one checkpoint row (1, -1, 0)",
+             both(under("2.create-if-missing", returned_connection),
+                  under("2.create-if-missing", initial_row(new, KEEP_HINT))),
+             clauses=("2.create-if-missing",)),
+        Plan("open_store on an existing empty file", "open_store(a file of 0 bytes)",
+             "a connection; tables checkpoint and ledger created; row (1, -1, 0)",
+             both(opened, under("2.create-if-missing", initial_row(empty, (
+                 "Create the tables whenever they are missing, also in a file that already exists: "
+                 "`CREATE TABLE IF NOT EXISTS`, not a check of `os.path.exists`.")))),
+             clauses=("2.create-if-missing",)),
         Plan("open_store on a store saved by another process", "open_store(saved store) in a new process",
-             f"a connection; the cursor still {expected_saved[0]}, every row unchanged", both(opened, kept)),
+             f"a connection; the cursor still {expected_saved[0]}, every row unchanged",
+             both(opened, unchanged(saved, before, f"last {expected_saved[0]}, total {expected_saved[1]}")),
+             clauses=("2.keep-saved",)),
+        Plan("open_store on a store whose checkpoint row is missing",
+             f"open_store(a store with ledger rows {show_rows(rowless_before)} and no checkpoint row)",
+             "a connection; the row (1, -1, 0) inserted; the ledger unchanged",
+             both(opened, under("2.initial-row", initial_row(rowless, row_hint)),
+                  under("2.keep-saved", ledger_kept)),
+             clauses=("2.initial-row", "2.keep-saved")),
         Plan("open_store on a file that is not a database", "open_store(text file)",
-             "sqlite3.DatabaseError; the connection closed", closed_on_error("initialisation")),
+             "sqlite3.DatabaseError; the connection closed", closed_on_error("initialisation"),
+             clauses=("2.init-failure",)),
+        Plan("open_store on a store whose checkpoint table has the wrong columns",
+             "open_store(a store holding checkpoint(id, last), empty)",
+             "sqlite3's own error (inserting the row fails); the connection closed",
+             closed_on_error("initialisation"), clauses=("2.init-failure",)),
         Plan("state of a new store", "state(con) on a store holding (1, -1, 0)", "(-1, 0)",
-             both(returns((-1, 0), tuple_hint), no_open_transaction)),
+             both(under("2.state", returns((-1, 0), tuple_hint)),
+                  under("2.no-open-transaction", no_open_transaction)),
+             clauses=("2.state", "2.no-open-transaction")),
         Plan("state of a saved store", f"state(con) on a store saved at last {expected_saved[0]}",
-             show(expected_saved), both(returns(expected_saved, tuple_hint), no_open_transaction)),
+             show(expected_saved), both(under("2.state", returns(expected_saved, tuple_hint)),
+                                        under("2.no-open-transaction", no_open_transaction)),
+             clauses=("2.state", "2.no-open-transaction")),
     ]
-    args = {"opens": [{"name": plans[0].name, "path": str(new)}, {"name": plans[1].name, "path": str(new)},
-                      {"name": plans[2].name, "path": str(saved)}, {"name": plans[3].name, "path": str(garbage)}],
-            "states": [{"name": plans[4].name, "path": str(fresh)}, {"name": plans[5].name, "path": str(saved)}]}
+    opens = [(plans[0], new), (plans[1], new), (plans[2], empty), (plans[3], saved), (plans[4], rowless),
+             (plans[5], garbage), (plans[6], misshapen)]
+    args = {"opens": [{"name": p.name, "path": str(path)} for p, path in opens],
+            "states": [{"name": plans[7].name, "path": str(fresh)}, {"name": plans[8].name, "path": str(saved)}]}
     return ctx.cases("stores", plans, args)
+
+
+def returned_connection(record: dict) -> Miss | None:
+    outcome, seen = record["outcome"], record["observed"]
+    if outcome["kind"] != "returned" or outcome["value"].get("type") != "Connection":
+        return Miss(describe(outcome), "open_store returns the sqlite3.Connection it opened.")
+    if seen.get("closed"):
+        return Miss("returned a connection that was already closed",
+                    "Return the open connection: close it only when initialisation fails (then re-raise).")
+    return None
+
+
+def show_rows(rows: list) -> str:
+    """Rows as the student would write them: (1, -1, 0), (2, 5); "none" for no rows."""
+    return ", ".join(show(tuple(r)) for r in rows) if rows else "no rows"
 
 
 # --- step 3 -------------------------------------------------------------------------------
 
 
-def fault_seen(seq: int, before: dict, delta: int):
-    """fault() ran once, inside the one transaction, between the total and the cursor."""
+def fault_seen(seq: int, before: dict, delta: int, clause: str | None = None):
+    """fault() ran once, inside the one transaction, between the total and the cursor. Misses name
+    step 3's clause they break, or `clause` for every miss (step 5: fault was not passed on)."""
 
     def check(record: dict) -> Miss | None:
+        miss = seen(record)
+        if miss is not None and clause:
+            miss.clause = clause
+        return miss
+
+    def seen(record: dict) -> Miss | None:
         calls = record["observed"].get("faults", [])
         if len(calls) != 1:
             return Miss(f"fault() was called {len(calls)} times",
-                        "Pass `fault` along and call it exactly once, after updating the total. " + ORDER_HINT)
+                        "Pass `fault` along and call it exactly once, after updating the total. " + ORDER_HINT,
+                        clause="3.order")
         call = calls[0]
         if not call["in_transaction"]:
-            return Miss("fault() ran outside a transaction", TRANSACTION_HINT)
-        inside = call.get("inside")
-        if inside is not None:
-            if inside["last"] != before["last"]:
-                return Miss(f"when fault() ran, the cursor was already {inside['last']}", CURSOR_HINT)
-            if seq not in inside["seqs"]:
-                return Miss("when fault() ran, the ledger row was not inserted yet", ORDER_HINT)
-            if inside["total"] != before["total"] + delta:
-                return Miss(f"when fault() ran, the total was {inside['total']}, not yet "
-                            f"{before['total'] + delta}", ORDER_HINT)
+            return Miss("fault() ran outside a transaction", TRANSACTION_HINT, clause="3.one-transaction")
         outside = call.get("outside")
         if outside is not None and (outside["last"], outside["total"]) != (before["last"], before["total"]):
             return Miss(f"while fault() ran, another connection already saw last {outside['last']}, "
-                        f"total {outside['total']}: part of the event was committed early", CURSOR_HINT)
+                        f"total {outside['total']}: part of the event was committed early", CURSOR_HINT,
+                        clause="3.one-transaction")
+        inside = call.get("inside")
+        if inside is not None:
+            if inside["last"] != before["last"]:
+                return Miss(f"when fault() ran, the cursor was already {inside['last']}", CURSOR_HINT,
+                            clause="3.order")
+            if seq not in inside["seqs"]:
+                return Miss("when fault() ran, the ledger row was not inserted yet", ORDER_HINT, clause="3.order")
+            if inside["total"] != before["total"] + delta:
+                return Miss(f"when fault() ran, the total was {inside['total']}, not yet "
+                            f"{before['total'] + delta}", ORDER_HINT, clause="3.order")
         return None
 
     return check
@@ -389,92 +549,169 @@ def jam_error(record: dict) -> Miss | None:
 
 def check_apply(ctx: StepContext) -> list[Case]:
     rng = ctx.rng
-    fresh = make_store(ctx.path("fresh.db"))
-    history = list(enumerate(deltas(rng, rng.randint(3, 6))))
-    saved = make_store(ctx.path("saved.db"), history)
-    faulty = make_store(ctx.path("fault.db"), history)
-    jammed = make_store(ctx.path("jammed.db"), history)
-    stores.execute(jammed, """CREATE TRIGGER cursor_jammed BEFORE UPDATE OF last ON checkpoint
-        BEGIN SELECT RAISE(ABORT, 'the cursor is jammed'); END;""")
+    history = distinct_history(rng, rng.randint(3, 6))
     k = history[-1][0]
-    d0, d1, d_next = deltas(rng, 3)
+    d0, d1, d_next, d_far = deltas(rng, 4)
     other = d0 + 1 if d0 < 1000 else d0 - 1
     old_seq, old_delta = history[rng.randrange(len(history) - 1)]
     old_other = old_delta + 1 if old_delta < 1000 else old_delta - 1
-
     plans: list[Plan] = []
     specs: list[dict] = []
 
-    def case(label, db, args, expected, check, hint="", fault=None):
+    def case(label: str, applied: list[tuple[int, int]], args: list, expected: str, outcome_check,
+             after: list[tuple[int, int]] | dict, clauses: tuple[str, ...], *, fault: str | None = None,
+             extra=None, setup: str = "", hint: str = "") -> None:
+        """One call on a store of its own, prepared by the judge as a correct client would have left it."""
+        db = make_store(ctx.path(f"apply{len(plans)}.db"), applied)
+        if setup:
+            stores.execute(db, setup)
+        kept = after if isinstance(after, dict) else store_state(after)
+        state_hint = ("Change nothing when the call is refused or fails: ROLLBACK, then raise."
+                      if after is applied or isinstance(after, dict) else "Insert the ledger row, add delta to the total, set last = seq, "
+                                               "then COMMIT.")
+        main = clauses[0]
+        checks = [outcome_check, under("3.no-open-transaction", no_open_transaction)]
+        if extra is not None:
+            checks.append(extra)
+        checks += [under(main, state_after(kept, state_hint)), under(main, judge_reads(db, kept, state_hint))]
         shown_call = ", ".join(show(a) for a in args)
-        extra = ", fault=f" if fault else ""
-        plans.append(Plan(label, f"apply_event(con, {shown_call}{extra})", expected, check, hint))
+        on = f"on a store at last {applied[-1][0]}" if applied else "on a new store (last -1)"
+        plans.append(Plan(label, f"apply_event(con, {shown_call}{', fault=f' if fault else ''}) {on}", expected,
+                          both(*checks), hint, clauses=(*clauses, "3.no-open-transaction")))
         specs.append({"name": label, "db": str(db), "fn": "apply_event", "args": [encode(a) for a in args],
                       "fault": fault})
 
-    one = store_state([(0, d0)])
-    two = store_state([(0, d0), (1, d1)])
-    keep = "Change nothing when the call is refused."
-    case("the first event", fresh, [0, d0], "True; ledger row, total and cursor saved",
-         both(returns(True, "A new event (seq == last + 1) is applied: return True."), no_open_transaction,
-              state_after(one, "Insert the ledger row, add delta to the total, set last = seq, then COMMIT.")))
-    case("the same event again", fresh, [0, d0], "False (a duplicate); nothing changes",
-         both(returns(False, "seq <= last with the same delta in the ledger is a duplicate: return False."),
-              no_open_transaction, state_after(one, "A duplicate changes nothing.")))
-    case("seq 0 again with another delta", fresh, [0, other], "Conflict; nothing changes",
-         both(is_module_exception("Conflict", "seq <= last with a different delta in the ledger is a Conflict: "
-                                              "raise it, never return False."),
-              no_open_transaction, state_after(one, keep)))
-    case("seq True (a bool)", fresh, [True, d1], "ValueError; nothing changes",
-         both(raises("ValueError", BOOL_HINT), no_open_transaction, state_after(one, BOOL_HINT)))
-    case("a gap: seq 2 after 0", fresh, [2, d1], "Gap; nothing changes",
-         both(is_module_exception("Gap", "seq > last + 1 means events are missing: raise Gap, apply nothing."),
-              no_open_transaction, state_after(one, "A Gap changes nothing: the missing event must come first.")))
-    case("the next event", fresh, [1, d1], "True; total and cursor moved together",
-         both(returns(True), no_open_transaction, state_after(two, "Apply seq == last + 1.")))
+    applies = lambda hint: under("3.apply-next", returns(True, hint))  # noqa: E731
+    new_hint = "A new event (seq == last + 1) is applied: return True."
+    one = [(0, d0)]
+    nothing = "ValueError; nothing changes"
 
+    case("the first event (seq 0)", [], [0, d0], "True; ledger row, total and cursor saved", applies(new_hint), one,
+         ("3.apply-next",))
+    case("the next event (seq 1)", one, [1, d1], "True; total and cursor moved together", applies(new_hint),
+         one + [(1, d1)], ("3.apply-next",))
+    case("the next event after a saved cursor", history, [k + 1, d_next], "True; the event applied",
+         applies("Read last from the store: seq == last + 1 is new."), history + [(k + 1, d_next)],
+         ("3.apply-next",))
+    # Types: each of these equals a valid argument in Python (False == 0, True == 1, 1.0 == 1).
+    for label, applied, args in (
+        ("seq False (a bool equal to 0) on a new store", [], [False, d0]),
+        ("seq True (a bool equal to 1)", one, [True, d1]),
+        ("delta True (a bool)", one, [1, True]),
+        ("delta False (a bool)", one, [1, False]),
+        ("seq 1.0 (a float)", one, [1.0, d1]),
+        ("seq '1' (a str)", one, [str(1), d1]),
+        ("seq None", one, [None, d1]),
+        ("delta 2.0 (a float)", one, [1, 2.0]),
+        ("delta '5' (a str)", one, [1, "5"]),
+    ):
+        hint = BOOL_HINT if "bool" in label else "seq and delta must be ints (`type(x) is int`): never convert."
+        case(label, applied, args, nothing, under("3.types", raises("ValueError", hint)), applied, ("3.types",),
+             hint=hint)
+    # Ranges, both ends, and validation before the store is read.
+    top = [(SEQ_MAX - 1, d0)]
+    case("seq 2147483647 (the largest) after 2147483646", top, [SEQ_MAX, d1], "True; the event applied",
+         applies("seq ranges up to 2147483647, that value included."), top + [(SEQ_MAX, d1)], ("3.ranges",))
+    case("delta 1000 (the largest)", one, [1, 1000], "True; the event applied",
+         applies("delta ranges from -1000 to 1000, both included."), one + [(1, 1000)], ("3.ranges",))
+    case("delta -1000 (the smallest)", one, [1, -1000], "True; the event applied",
+         applies("delta ranges from -1000 to 1000, both included."), one + [(1, -1000)], ("3.ranges",))
+    for label, args, clause, hint in (
+        ("delta 1001", [k + 1, 1001], "3.ranges", RANGE_HINT),
+        ("delta -1001", [k + 1, -1001], "3.ranges", RANGE_HINT),
+        ("seq -1 on a saved store", [-1, old_delta], "3.validate-first",
+         "Validate before looking at the store: seq -1 is ValueError, not a duplicate or a Conflict."),
+        ("seq 2147483648 on a saved store", [SEQ_MAX + 1, d_next], "3.validate-first",
+         "Validate before looking at the store: out of range is ValueError, not Gap."),
+        ("a seen seq with delta 5000", [old_seq, 5000], "3.validate-first",
+         "Validate first: an out-of-range delta is ValueError, not Conflict."),
+        ("a seen seq with delta True", [old_seq, True], "3.validate-first", BOOL_HINT),
+    ):
+        case(label, history, args, nothing, under(clause, raises("ValueError", hint)), history, (clause, "3.ranges"),
+             hint=hint)
+    # Duplicates, conflicts, gaps.
+    dup_hint = "seq <= last with the same delta in the ledger is a duplicate: return False, change nothing."
+    case("the same event again", one, [0, d0], "False (a duplicate); nothing changes",
+         under("3.duplicate", returns(False, dup_hint)), one, ("3.duplicate",))
+    case("an old seq with its recorded delta", history, [old_seq, old_delta], "False; nothing changes",
+         under("3.duplicate", returns(False, "Look the seq up in the ledger: same delta → duplicate → False.")),
+         history, ("3.duplicate",))
+    case("the cursor's own seq with its delta", history, [k, history[-1][1]], "False; nothing changes",
+         under("3.duplicate", returns(False, dup_hint)), history, ("3.duplicate",))
+    conflict = "seq <= last with another delta in the ledger (or none at all) is a Conflict: raise it."
+    case("seq 0 again with another delta", one, [0, other], "Conflict; nothing changes",
+         module_exception("Conflict", conflict, "3.conflict"), one, ("3.conflict", "3.exceptions"))
+    case("an old seq with another delta", history, [old_seq, old_other], "Conflict; nothing changes",
+         module_exception("Conflict", conflict, "3.conflict"), history, ("3.conflict", "3.exceptions"))
+    pruned = {**store_state(history), "ledger": [list(e) for e in history[:1] + history[2:]]}
+    case("an old seq the ledger does not hold", history, [1, history[1][1]], "Conflict; nothing changes",
+         module_exception("Conflict", "seq <= last but no ledger row for it: that is a Conflict too (the "
+                                      "lookup finds nothing; don't crash on `None[0]`).", "3.conflict"),
+         pruned, ("3.conflict",), setup="DELETE FROM ledger WHERE seq = 1")
+    gap = "seq > last + 1 means events are missing: raise Gap, apply nothing."
+    case("a gap: seq 2 after 0", one, [2, d1], "Gap; nothing changes", module_exception("Gap", gap, "3.gap"), one,
+         ("3.gap", "3.exceptions"))
+    case("a gap of one after a saved cursor", history, [k + 2, d_next], "Gap; nothing changes",
+         module_exception("Gap", gap, "3.gap"), history, ("3.gap",))
+    case("seq 2147483647 on a new store", [], [SEQ_MAX, d_far], "Gap; nothing changes",
+         module_exception("Gap", gap, "3.gap"), [], ("3.gap",))
+    # fault(): where it runs, and what a failure leaves behind.
     base = store_state(history)
-    case("an old seq with its recorded delta", saved, [old_seq, old_delta], "False; nothing changes",
-         both(returns(False, "Look the seq up in the ledger: same delta → duplicate → False."),
-              no_open_transaction, state_after(base, "A duplicate changes nothing.")))
-    case("an old seq with another delta", saved, [old_seq, old_other], "Conflict; nothing changes",
-         both(is_module_exception("Conflict", "Compare with the ledger's delta for that seq: different → Conflict."),
-              no_open_transaction, state_after(base, keep)))
-    bad = [
-        ("delta True (a bool)", [k + 1, True], BOOL_HINT),
-        ("seq -1", [-1, d_next], RANGE_HINT),
-        ("seq 2147483648", [SEQ_MAX + 1, d_next], "Validate before looking at the store: out of range is "
-                                                  "ValueError, not Gap."),
-        ("seq a float", [float(k + 1), d_next], f"seq must be an int: {float(k + 1)!r} == {k + 1}, but it is a float."),
-        ("seq a str", [str(k + 1), d_next], "seq must be an int: don't convert."),
-        ("seq None", [None, d_next], "seq must be an int."),
-        ("delta 1001", [k + 1, 1001], RANGE_HINT),
-        ("delta -1001", [k + 1, -1001], RANGE_HINT),
-        ("delta a float", [k + 1, 2.0], "delta must be an int."),
-        ("a seen seq with delta 5000", [old_seq, 5000], "Validate first: an out-of-range delta is ValueError, "
-                                                        "not Conflict."),
-    ]
-    for label, args, hint in bad:
-        case(label, saved, args, "ValueError; nothing changes",
-             both(raises("ValueError", hint), no_open_transaction, state_after(base, keep)), hint)
-    applied = store_state(history + [(k + 1, d_next)])
-    case("the next event after a saved cursor, with a fault() that passes", saved, [k + 1, d_next],
+    case("the next event with a fault() that passes", history, [k + 1, d_next],
          f"True; fault() called once, between the total and the cursor; last {k + 1}",
-         both(returns(True, "Read last from the store; seq == last + 1 is new."), no_open_transaction,
-              fault_seen(k + 1, base, d_next), state_after(applied, "Commit all four changes together.")),
-         fault="record")
-    case("fault() raises inside the transaction", faulty, [k + 1, d_next],
+         applies("Read last from the store; seq == last + 1 is new."), history + [(k + 1, d_next)], ("3.order",),
+         fault="record", extra=fault_seen(k + 1, base, d_next))
+    case("a duplicate with a fault()", history, [old_seq, old_delta], "False; fault() not called",
+         under("3.duplicate", returns(False, dup_hint)), history, ("3.order",), fault="raise",
+         extra=under("3.order", fault_not_called))
+    case("a gap with a fault()", history, [k + 2, d_next], "Gap; fault() not called",
+         module_exception("Gap", gap, "3.gap"), history, ("3.order",), fault="raise",
+         extra=under("3.order", fault_not_called))
+    case("fault() raises inside the transaction", history, [k + 1, d_next],
          "fault()'s own RuntimeError; ledger, total and cursor unchanged; no open transaction",
-         both(fault_seen(k + 1, base, d_next), fault_error, no_open_transaction,
-              state_after(base, "After a failure, ROLLBACK everything: " + CURSOR_HINT),
-              judge_reads(faulty, base, "After a failure, ROLLBACK everything.")),
-         fault="raise")
-    case("updating the cursor fails", jammed, [k + 1, d_next],
+         under("3.original-error", fault_error), history, ("3.rollback", "3.original-error", "3.one-transaction"),
+         fault="raise", extra=fault_seen(k + 1, base, d_next))
+    case("updating the cursor fails", history, [k + 1, d_next],
          "sqlite3.IntegrityError 'the cursor is jammed'; nothing changes; no open transaction",
-         both(jam_error, no_open_transaction, state_after(base, TRANSACTION_HINT),
-              judge_reads(jammed, base, TRANSACTION_HINT)))
+         under("3.original-error", jam_error), history, ("3.rollback", "3.original-error", "3.one-transaction"),
+         setup=JAM_CURSOR)
     run = ctx.child("on_store", {"cases": [p.name for p in plans], "calls": specs})
     return judge(run, plans, ctx.timeout)
+
+
+# The checkpoint's cursor cannot change, however the update is spelled (UPDATE, or INSERT OR
+# REPLACE, which deletes and inserts).
+JAM_CURSOR = """
+CREATE TRIGGER cursor_jammed BEFORE UPDATE OF last ON checkpoint
+    BEGIN SELECT RAISE(ABORT, 'the cursor is jammed'); END;
+CREATE TRIGGER cursor_jammed_insert BEFORE INSERT ON checkpoint
+    BEGIN SELECT RAISE(ABORT, 'the cursor is jammed'); END;
+"""
+
+
+def module_exception(cls: str, hint: str, clause: str):
+    """The module's own `cls` (a miss under `clause`), a direct subclass of Exception (else 3.exceptions)."""
+    check = is_module_exception(cls, hint)
+
+    def tagged(record: dict) -> Miss | None:
+        miss = check(record)
+        if miss is not None:
+            outcome = record["outcome"]
+            raised_it = outcome.get("kind") == "raised" and outcome.get("type") == cls
+            miss.clause = {"Gap": "3.exceptions", "Conflict": "3.exceptions",
+                           "ResyncRequired": "4.exception"}[cls] if raised_it else clause
+        return miss
+
+    return tagged
+
+
+def fault_not_called(record: dict) -> Miss | None:
+    calls = record["observed"].get("faults", [])
+    if calls:
+        return Miss(f"fault() was called {len(calls)} time(s)",
+                    "fault() belongs to applying a new event (between the total and the cursor): a duplicate "
+                    "or a Gap applies nothing, so it never calls fault().")
+    return None
 
 
 # --- step 4 -------------------------------------------------------------------------------
@@ -489,132 +726,202 @@ def check_replay(ctx: StepContext) -> list[Case]:
     log = [(first + i, d) for i, d in enumerate(deltas(rng, rng.randint(5, 8)))]
     final = log[-1][0]
     long_log = [(i, d) for i, d in enumerate(deltas(rng, 128))]
+    top_log = [(SEQ_MAX - 2 + i, d) for i, d in enumerate(deltas(rng, 3))]
     plans, calls = [], []
 
-    def case(label, events, last, limit, expected, check, hint=""):
-        plans.append(Plan(label, f"replay({show(events, 90)}, {show(last)}, {show(limit)})", expected, check, hint))
+    def case(label, events, last, limit, expected, check, clauses, hint=""):
+        plans.append(Plan(label, f"replay({show(events, 90)}, {show(last)}, {show(limit)})", expected, check, hint,
+                          clauses=(*clauses, "4.no-mutation")))
         calls.append({"name": label, "fn": "replay", "args": [encode(events), encode(last), encode(limit)]})
 
-    def fresh_list(expected):
+    def answer(expected, clause):
         def check(record):
-            miss = returns(expected, "Entries with seq > last, in order, at most `limit` of them.")(record)
+            miss = under(clause, returns(expected, "Entries with seq > last, in order, at most `limit` of "
+                                                   "them."))(record)
             if miss is not None:
                 return miss
             if record["observed"].get("returned_input"):
                 return Miss("returned the very list it was given",
-                            "Return a *new* list, also when it holds every event.")
+                            "Return a *new* list, also when it holds every event.", clause="4.new-list")
             return unchanged_input(record)
 
         return check
 
-    case("a cursor just before the log", log, first - 1, 16, show(log), fresh_list(log))
-    case("a cursor inside the log", log, first + 1, 16, show(log[2:]), fresh_list(log[2:]))
-    case("limit caps the answer", log, first - 1, 2, show(log[:2]), fresh_list(log[:2]))
-    case("limit 1", log, first, 1, show(log[1:2]), fresh_list(log[1:2]))
-    case("a cursor at the final event", log, final, 16, "[]", fresh_list([]))
-    case("128 events, limit 16", long_log, -1, 16, "the first 16", fresh_list(long_log[:16]))
-    case("a single-event log", log[:1], first - 1, 1, show(log[:1]), fresh_list(log[:1]))
+    case("a cursor just before the log (it joins)", log, first - 1, 16, show(log), answer(log, "4.resync"),
+         ("4.resync", "4.new-list"))
+    case("a cursor inside the log", log, first + 1, 16, show(log[2:]), answer(log[2:], "4.after-last"),
+         ("4.after-last",))
+    case("limit caps the answer", log, first - 1, 2, show(log[:2]), answer(log[:2], "4.limit"), ("4.limit",))
+    case("limit 1 (the smallest)", log, first, 1, show(log[1:2]), answer(log[1:2], "4.limit-range"),
+         ("4.limit-range", "4.limit"))
+    case("limit 16 (the largest) on 128 events", long_log, -1, 16, "the first 16",
+         answer(long_log[:16], "4.limit-range"), ("4.limit-range", "4.limit"))
+    case("a cursor at the final event", log, final, 16, "[]", answer([], "4.last-past-final"),
+         ("4.last-past-final",))
+    case("last -1 on a log that starts at 0", long_log, -1, 3, show(long_log[:3]), answer(long_log[:3], "4.last-range"),
+         ("4.last-range", "4.resync"))
+    case("128 events (the most)", long_log, 125, 16, show(long_log[126:]), answer(long_log[126:], "4.events-list"),
+         ("4.events-list",))
+    case("a single-event log (the fewest)", log[:1], first - 1, 1, show(log[:1]), answer(log[:1], "4.events-list"),
+         ("4.events-list",))
+    case("seq 2147483647 at the end of the log, last 2147483647", top_log, SEQ_MAX, 16, "[]",
+         answer([], "4.last-range"), ("4.last-range", "4.event-ranges"))
+    case("seq 2147483647 at the end of the log", top_log, SEQ_MAX - 3, 16, show(top_log),
+         answer(top_log, "4.event-ranges"), ("4.event-ranges",))
+    edge = [(first, -1000), (first + 1, 1000)]
+    case("deltas -1000 and 1000 (both ends)", edge, first - 1, 16, show(edge), answer(edge, "4.event-ranges"),
+         ("4.event-ranges",))
     for label, last in (("a cursor two before the log", first - 2), ("cursor -1, the log starts later", -1)):
         case(label, log, last, 16, "ResyncRequired",
-             both(is_module_exception("ResyncRequired", RESYNC_HINT), unchanged_input), RESYNC_HINT)
+             both(module_exception("ResyncRequired", RESYNC_HINT, "4.resync"), unchanged_input),
+             ("4.resync", "4.exception"), RESYNC_HINT)
     gap = log[:2] + log[3:]
     bad_tail = log[:-1] + [(final, 5000)]
+    bad_head = [(first, 5000)] + log[1:]
+    float_seq = [(float(first), log[0][1])] + log[1:]
     bad = [
-        ("an empty log", [], first, 16, "The log holds 1 to 128 events: an empty one is ValueError."),
-        ("129 events", long_log + [(128, 1)], -1, 16, "At most 128 events."),
-        ("a tuple instead of a list", tuple(log), first - 1, 16, "events must be a list."),
-        ("an event that is a list", [list(e) for e in log], first - 1, 16, "Each event is a (seq, delta) tuple."),
-        ("an event with three fields", [log[0] + (1,)] + log[1:], first - 1, 16, "Each event has exactly two fields."),
-        ("a gap in the seqs", gap, first - 1, 16, "seqs are consecutive: each is the previous + 1."),
-        ("seqs in reverse", log[::-1], first - 1, 16, "seqs ascend."),
-        ("a repeated seq", log[:2] + [log[1]] + log[2:], first - 1, 16, "seqs are consecutive: no repeats."),
-        ("seq True in an event", [(True, 5), (2, 3)], -1, 16, BOOL_HINT),
-        ("delta True in an event", [(log[0][0], True)] + log[1:], first - 1, 16, BOOL_HINT),
-        ("delta 1001 in an event", [(log[0][0], 1001)] + log[1:], first - 1, 16, RANGE_HINT),
-        ("a negative seq", [(-1, 5), (0, 5)], -1, 16, RANGE_HINT),
-        ("a bad event past the limit", bad_tail, first - 1, 1,
+        ("an empty log", [], first, 16, "4.events-list", "The log holds 1 to 128 events: an empty one is ValueError."),
+        ("129 events (one too many)", long_log + [(128, 1)], -1, 16, "4.events-list", "At most 128 events."),
+        ("a tuple instead of a list", tuple(log), first - 1, 16, "4.events-list", "events must be a list."),
+        ("events None", None, -1, 16, "4.events-list", "events must be a list."),
+        ("an event that is a list", [list(e) for e in log], first - 1, 16, "4.event-shape",
+         "Each event is a (seq, delta) tuple."),
+        ("an event with three fields", [log[0] + (1,)] + log[1:], first - 1, 16, "4.event-shape",
+         "Each event has exactly two fields."),
+        ("an event with one field", [log[0][:1]] + log[1:], first - 1, 16, "4.event-shape",
+         "Each event has exactly two fields."),
+        ("seq True in an event", [(True, 5), (2, 3)], -1, 16, "4.event-shape", BOOL_HINT),
+        ("delta True in an event", [(log[0][0], True)] + log[1:], first - 1, 16, "4.event-shape", BOOL_HINT),
+        ("a float seq in an event", float_seq, first - 1, 16, "4.event-shape", "seq and delta must be ints."),
+        ("delta 1001 in an event", [(log[0][0], 1001)] + log[1:], first - 1, 16, "4.event-ranges", RANGE_HINT),
+        ("delta -1001 in an event", [(log[0][0], -1001)] + log[1:], first - 1, 16, "4.event-ranges", RANGE_HINT),
+        ("a negative seq", [(-1, 5), (0, 5)], -1, 16, "4.event-ranges", RANGE_HINT),
+        ("seq 2147483648 in an event", [(SEQ_MAX, 5), (SEQ_MAX + 1, 5)], SEQ_MAX - 1, 16, "4.event-ranges",
+         RANGE_HINT),
+        ("a gap in the seqs", gap, first - 1, 16, "4.consecutive", "seqs are consecutive: each is the previous + 1."),
+        ("seqs in reverse", log[::-1], first - 1, 16, "4.consecutive", "seqs ascend."),
+        ("a repeated seq", log[:2] + [log[1]] + log[2:], first - 1, 16, "4.consecutive",
+         "seqs are consecutive: no repeats."),
+        ("a bad event past the limit", bad_tail, first - 1, 1, "4.validate-first",
          "Validate all of the input first, also what the limit would cut off."),
-        ("a bad event and an old cursor", bad_tail, -1, 16,
+        ("a bad event at or below the cursor", bad_head, first + 2, 16, "4.validate-first",
+         "Validate all of the input first, also the events the cursor skips."),
+        ("a gap below the cursor", gap, final - 1, 16, "4.validate-first",
+         "Validate all of the input first, also the events the cursor skips."),
+        ("a bad event and an old cursor", bad_tail, -1, 16, "4.validate-first",
          "Validate all of the input before deciding about ResyncRequired."),
-        ("last True", log, True, 16, BOOL_HINT),
-        ("last -2", log, -2, 16, "last ranges from -1 to 2147483647."),
-        ("last past the final seq", log, final + 1, 16, "last greater than the final seq is ValueError."),
-        ("last a float", log, float(first), 16, "last must be an int."),
-        ("limit 0", log, first - 1, 0, "limit ranges from 1 to 16."),
-        ("limit 17", log, first - 1, 17, "limit ranges from 1 to 16."),
-        ("limit True", log, first - 1, True, BOOL_HINT),
-        ("limit None", log, first - 1, None, "limit must be an int."),
-        ("events None", None, -1, 16, "events must be a list."),
+        ("an old cursor and limit 0", log, -1, 0, "4.validate-first",
+         "Validate all of the input (limit too) before deciding about ResyncRequired."),
+        ("last True", log, True, 16, "4.last-range", BOOL_HINT),
+        ("last -2", log, -2, 16, "4.last-range", "last ranges from -1 to 2147483647."),
+        ("last 2147483648", top_log, SEQ_MAX + 1, 16, "4.last-range", "last ranges from -1 to 2147483647."),
+        ("last a float", log, float(first), 16, "4.last-range", "last must be an int."),
+        ("last None", log, None, 16, "4.last-range", "last must be an int."),
+        ("last one past the final seq", log, final + 1, 16, "4.last-past-final",
+         "last greater than the final seq is ValueError."),
+        ("limit 0 (one too few)", log, first - 1, 0, "4.limit-range", "limit ranges from 1 to 16."),
+        ("limit 17 (one too many)", log, first - 1, 17, "4.limit-range", "limit ranges from 1 to 16."),
+        ("limit True", log, first - 1, True, "4.limit-range", BOOL_HINT),
+        ("limit 2.0 (a float)", log, first - 1, 2.0, "4.limit-range", "limit must be an int."),
+        ("limit None", log, first - 1, None, "4.limit-range", "limit must be an int."),
     ]
-    for label, events, last, limit, hint in bad:
-        case(label, events, last, limit, "ValueError", both(raises("ValueError", hint), unchanged_input), hint)
+    for label, events, last, limit, clause, hint in bad:
+        case(label, events, last, limit, "ValueError", both(under(clause, raises("ValueError", hint)), unchanged_input),
+             (clause,), hint)
     return ctx.cases("calls", plans, {"calls": calls}, probes="labkit.probe")
 
 
 # --- step 5 -------------------------------------------------------------------------------
 
 
-def visible_ack(seq: int, expected: dict):
+def visible_ack(seq: int, expected: dict, clause: str):
     """Returned b"ACK seq\\n", and another connection saw the commit right after."""
 
     def check(record: dict) -> Miss | None:
         ack = b"ACK %d\n" % seq
-        miss = returns(ack, f"Return the bytes `{ack!r}` (ASCII, one LF).")(record)
+        outcome = record["outcome"]
+        if outcome["kind"] == "returned" and isinstance(value_of(record), bytes | bytearray | str):
+            miss = under("5.ack-format", returns(ack, f"Return the bytes `{ack!r}`: ASCII, one space, one LF."))(
+                record)
+        else:
+            miss = under(clause, returns(ack, f"Return the bytes `{ack!r}` (ASCII, one LF)."))(record)
         if miss is not None:
             return miss
         have = record["observed"].get("after")
         if have is None or have["last"] < seq:
             return Miss(f"returned {ack!r}, but right then another connection saw {shown(have)}",
-                        ACK_AFTER_COMMIT)
-        return state_after(expected, "Apply each event exactly once.")(record)
+                        ACK_AFTER_COMMIT, clause="5.visible-at-ack")
+        return under(clause, state_after(expected, "Apply each event exactly once."))(record)
 
     return check
 
 
 def check_consume_line(ctx: StepContext) -> list[Case]:
     rng = ctx.rng
-    db = make_store(ctx.path("store.db"))
-    faulty_history = list(enumerate(deltas(rng, 3)))
-    faulty = make_store(ctx.path("fault.db"), faulty_history)
+    history = distinct_history(rng, 3)
+    k = history[-1][0]
     d0, d1, d2 = deltas(rng, 3)
     other = d0 + 1 if d0 < 1000 else d0 - 1
     plans, specs = [], []
+    one = [(0, d0)]
 
-    def case(label, line, expected, check, hint="", fault=None, store=db):
-        extra = ", fault=f" if fault else ""
-        plans.append(Plan(label, f"consume_line(con, {show(line)}{extra})", expected, check, hint))
-        specs.append({"name": label, "db": str(store), "fn": "consume_line", "args": [encode(line)],
-                      "fault": fault})
+    def case(label: str, applied: list[tuple[int, int]], line, expected: str, check, clauses: tuple[str, ...],
+             after: list[tuple[int, int]], hint: str = "", fault: str | None = None) -> None:
+        """One call on a store of its own; the judge reads that file again after the child ended."""
+        db = make_store(ctx.path(f"line{len(plans)}.db"), applied)
+        kept = store_state(after)
+        on = f"on a store at last {applied[-1][0]}" if applied else "on a new store"
+        plans.append(Plan(label, f"consume_line(con, {show(line)}{', fault=f' if fault else ''}) {on}", expected,
+                          both(check, under(clauses[0], judge_reads(db, kept, "Commit before returning the ACK; "
+                                                                               "change nothing on a refused line."))),
+                          hint, clauses=clauses))
+        specs.append({"name": label, "db": str(db), "fn": "consume_line", "args": [encode(line)], "fault": fault})
 
-    one = store_state([(0, d0)])
-    two = store_state([(0, d0), (1, d1)])
     no_ack = "A refused line gets no ACK: let the exception propagate."
-    case("a new frame", b"EVENT 0 %d\n" % d0, "b'ACK 0\\n'; the commit visible to another connection",
-         both(visible_ack(0, one), no_open_transaction))
-    case("the same frame again", b"EVENT 0 %d\n" % d0, "b'ACK 0\\n' again (a duplicate is ACKed too); nothing changes",
-         both(visible_ack(0, one),
-              no_open_transaction), "An identical duplicate is ACKed: apply_event returned False, that is fine.")
-    case("seq 0 again with another delta", b"EVENT 0 %d\n" % other, "Conflict, no ACK",
-         both(is_module_exception("Conflict", "A Conflict is not delivered: no ACK, let it propagate."),
-              state_after(one, no_ack)))
-    case("a gap", b"EVENT 2 %d\n" % d2, "Gap, no ACK",
-         both(is_module_exception("Gap", "A Gap is not delivered: no ACK, let it propagate."),
-              state_after(one, no_ack)))
-    case("a CRLF frame", b"EVENT 1 %d\r\n" % d1, "ValueError, no ACK",
-         both(raises("ValueError", "Call parse_line first; its ValueError propagates."), state_after(one, no_ack)))
-    case("a str line", f"EVENT 1 {d1}\n", "ValueError, no ACK",
-         both(raises("ValueError", "Call parse_line first: only bytes are frames."), state_after(one, no_ack)))
-    case("the next frame, with a fault() that passes", b"EVENT 1 %d\n" % d1,
+    case("a new frame", [], b"EVENT 0 %d\n" % d0, "b'ACK 0\\n'; the commit visible to another connection",
+         both(visible_ack(0, store_state(one), "5.ack-format"), under("5.ack-format", no_open_transaction)),
+         ("5.ack-format", "5.visible-at-ack"), one)
+    case("the largest seq", [(SEQ_MAX - 1, d1)], b"EVENT %d %d\n" % (SEQ_MAX, d0), "b'ACK 2147483647\\n'",
+         visible_ack(SEQ_MAX, store_state([(SEQ_MAX - 1, d1), (SEQ_MAX, d0)]), "5.ack-format"), ("5.ack-format",),
+         [(SEQ_MAX - 1, d1), (SEQ_MAX, d0)])
+    case("the same frame again", one, b"EVENT 0 %d\n" % d0,
+         "b'ACK 0\\n' again (a duplicate is ACKed too); nothing changes",
+         both(visible_ack(0, store_state(one), "5.duplicate-acked"), no_open_transaction), ("5.duplicate-acked",), one,
+         "An identical duplicate is ACKed: apply_event returned False, that is fine.")
+    case("an old frame again", history, b"EVENT 1 %d\n" % history[1][1], "b'ACK 1\\n'; nothing changes",
+         visible_ack(1, store_state(history), "5.duplicate-acked"), ("5.duplicate-acked",), history,
+         "An identical duplicate is ACKed: apply_event returned False, that is fine.")
+    case("seq 0 again with another delta", one, b"EVENT 0 %d\n" % other, "Conflict, no ACK",
+         both(under("5.errors-propagate", is_module_exception("Conflict", "A Conflict is not delivered: no ACK, "
+                                                                          "let it propagate.")),
+              under("5.errors-propagate", state_after(store_state(one), no_ack))),
+         ("5.errors-propagate",), one)
+    case("a gap", one, b"EVENT 2 %d\n" % d2, "Gap, no ACK",
+         both(under("5.errors-propagate", is_module_exception("Gap", "A Gap is not delivered: no ACK, let it "
+                                                                     "propagate.")),
+              under("5.errors-propagate", state_after(store_state(one), no_ack))),
+         ("5.errors-propagate",), one)
+    parse_hint = "Call parse_line first; its ValueError propagates."
+    for label, line in (("a CRLF frame", b"EVENT 1 %d\r\n" % d1), ("a torn frame", b"EVENT 1 %d" % d1),
+                        ("a frame with a leading zero", b"EVENT 01 %d\n" % d1),
+                        ("a str line", f"EVENT 1 {d1}\n"), ("a bytearray line", bytearray(b"EVENT 1 %d\n" % d1))):
+        case(label, one, line, "ValueError, no ACK, nothing applied",
+             both(under("5.parse-first", raises("ValueError", parse_hint)),
+                  under("5.parse-first", state_after(store_state(one), no_ack))),
+             ("5.parse-first",), one)
+    case("the next frame, with a fault() that passes", one, b"EVENT 1 %d\n" % d1,
          "fault() called once inside the transaction; b'ACK 1\\n'; the commit visible",
-         both(visible_ack(1, two), no_open_transaction, fault_seen(1, one, d1)), fault="record")
-    k = faulty_history[-1][0]
-    base = store_state(faulty_history)
-    case("the business step fails", b"EVENT %d %d\n" % (k + 1, d2),
+         both(visible_ack(1, store_state(one + [(1, d1)]), "5.fault-passed"), no_open_transaction,
+              fault_seen(1, store_state(one), d1, "5.fault-passed")),
+         ("5.fault-passed", "5.visible-at-ack"), one + [(1, d1)], fault="record")
+    base = store_state(history)
+    case("the business step fails", history, b"EVENT %d %d\n" % (k + 1, d2),
          "fault()'s own RuntimeError; no ACK; nothing changes",
-         both(fault_seen(k + 1, base, d2), fault_error, no_open_transaction,
-              state_after(base, no_ack), judge_reads(faulty, base, TRANSACTION_HINT)),
+         both(fault_seen(k + 1, base, d2, "5.fault-passed"), under("5.fault-passed", fault_error),
+              under("5.fault-passed", no_open_transaction), under("5.fault-passed", state_after(base, no_ack))),
+         ("5.fault-passed",), history,
          "Pass `fault` on to apply_event: consume_line(con, line, fault) → apply_event(con, seq, delta, fault).",
-         fault="raise", store=faulty)
+         fault="raise")
     run = ctx.child("on_store", {"cases": [p.name for p in plans], "calls": specs})
     return judge(run, plans, ctx.timeout)
 

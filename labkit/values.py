@@ -1,7 +1,9 @@
 """Values that cross the pipe from a child to the judge.
 
-JSON loses the differences the labs care about (True vs 1, tuple vs list, bytes vs str),
-so every value travels tagged and is rebuilt on the judge's side.
+JSON loses the differences the labs care about (True vs 1, tuple vs list, bytes vs str vs
+bytearray), so every value travels tagged and is rebuilt on the judge's side: `decode(encode(v))`
+has v's exact type for every tag below, so a case built from a bytearray hands the student a
+bytearray, never a look-alike.
 """
 
 from __future__ import annotations
@@ -39,8 +41,8 @@ def encode(value: Any, depth: int = 0) -> dict:
         return {"t": "float", "v": repr(value)}
     if kind is str:
         return {"t": "str", "v": value[:100_000]}
-    if kind is bytes:
-        return {"t": "bytes", "v": value[:100_000].decode("latin-1")}
+    if kind is bytes or kind is bytearray:
+        return {"t": kind.__name__, "v": bytes(value[:100_000]).decode("latin-1")}
     if kind in (list, tuple):
         items = [encode(item, depth + 1) for item in value[:MAX_ITEMS]]
         return {"t": kind.__name__, "v": items, "cut": len(value) > MAX_ITEMS}
@@ -64,6 +66,8 @@ def decode(data: dict) -> Any:
         return float(data["v"])
     if tag == "bytes":
         return data["v"].encode("latin-1")
+    if tag == "bytearray":
+        return bytearray(data["v"].encode("latin-1"))
     if tag == "list":
         return [decode(item) for item in data["v"]]
     if tag == "tuple":
