@@ -9,26 +9,31 @@ feed's journal (every RESUME, line sent and ACK received) and the exit codes.
 
 from __future__ import annotations
 
+import os
 import random
+import socket
 import sqlite3
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing
 from pathlib import Path
 
+import psutil
+
+from checks.vending_contract import CLAUSES
 from labkit.judge import stores
+from labkit.judge.child import child_session
 from labkit.judge.expect import (
     SKELETON_HINT,
     TRANSACTION_HINT,
     Miss,
     Plan,
     both,
-    closed_on_error,
     describe,
     import_problem,
     is_module_exception,
     judge,
-    no_open_transaction,
     outcome_hint,
     raises,
     returns,
@@ -155,15 +160,15 @@ def shown(snap: dict | None) -> str:
     return f"last {snap['last']}, total {snap['total']}, ledger {ledger}"
 
 
-def state_after(expected: dict, hint: str, source: str = "after"):
-    """The store, as another connection saw it right after the call, is `expected`."""
+def state_after(expected: dict, hint: str):
+    """The store, as the judge's own connection read it right after the call returned, is `expected`."""
 
     def check(record: dict) -> Miss | None:
-        have = record["observed"].get(source)
+        have = judged(record).get("after")
         if have is None:
             return Miss("the store could not be read afterwards", hint)
         if (have["last"], have["total"], have["ledger"]) != (expected["last"], expected["total"], expected["ledger"]):
-            return Miss(f"another connection then saw {shown(have)}; expected {shown(expected)}", hint)
+            return Miss(f"right after the call the judge read {shown(have)}; expected {shown(expected)}", hint)
         return None
 
     return check
@@ -181,6 +186,98 @@ def judge_reads(path: Path, expected: dict, hint: str):
     return check
 
 
+def no_open_transaction(record: dict) -> Miss | None:
+    """No write lock left (the judge's own BEGIN IMMEDIATE succeeded right after the call) and no
+    transaction open on the connection the call was given (a deferred BEGIN holds no lock yet)."""
+    if judged(record).get("can_write") is False:
+        return Miss("right after the call the judge could not BEGIN IMMEDIATE: a write lock was still held",
+                    TRANSACTION_HINT)
+    if record["observed"].get("in_transaction"):
+        return Miss("the call returned with a transaction still open", TRANSACTION_HINT)
+    return None
+
+
+# --- the judge's own observations between two served cases ---------------------------------
+
+
+def judged(record: dict) -> dict:
+    """What the judge itself observed around a case (never what the child reported)."""
+    return record["observed"].get("judge") or {}
+
+
+def can_write(path: Path) -> bool:
+    """Can the judge enter a write transaction on `path` right now? (A real lock test.)"""
+    with closing(sqlite3.connect(path, isolation_level=None, timeout=0.05)) as con:
+        try:
+            con.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError:
+            return False
+        con.execute("ROLLBACK")
+        return True
+
+
+def held_files(pid: int) -> set[str]:
+    """The regular files process `pid` holds open right now (real paths)."""
+    try:
+        return {os.path.realpath(f.path) for f in psutil.Process(pid).open_files()}
+    except psutil.Error:
+        return set()
+
+
+def held_sockets(pid: int, port: int) -> list[str]:
+    """The TCP sockets of process `pid` connected to `port`, as "local → remote (status)"."""
+    try:
+        found = psutil.Process(pid).net_connections(kind="tcp")
+    except psutil.Error:
+        return []
+    return [f"{c.laddr.ip}:{c.laddr.port} → {c.raddr.ip}:{c.raddr.port} ({c.status})"
+            for c in found if c.raddr and c.raddr.port == port]
+
+
+def served(ctx: StepContext, kind: str, plans: list[Plan], specs: list[dict],
+           observe: Callable[[int, dict], dict] | None = None, call_timeout: float = 5.0) -> list[Case]:
+    """Run each plan's case in one child that waits between cases (`vending_probes.serve`).
+
+    After each reply, and before the next case starts, `observe(child_pid, spec)` makes the
+    judge's own observations (the store through its own connection, its locks, the files and
+    sockets the child still holds); they go under the case's `observed["judge"]`."""
+    records: list[dict] = []
+    deadline = time.monotonic() + ctx.timeout
+    with child_session(ctx.solution, workdir=ctx.workdir, timeout=ctx.timeout, marker=ctx.marker(),
+                       module_name=ctx.lab.module_name, probe=f"{ctx.lab.probes}:serve") as session:
+        for plan, spec in zip(plans, specs, strict=True):
+            left = deadline - time.monotonic()
+            if not session.imported or left <= 0:
+                break
+            records.append({"event": "start", "case": plan.name})
+            reply = session.call({"kind": kind, "case": spec},
+                                 timeout=min(left, spec.get("guard", 0) + call_timeout))
+            if reply["outcome"].get("kind") in ("timed_out", "died", "aborted"):
+                break  # the session says how the child ended; this case is the one it ended in
+            observed = dict(reply.get("observed") or {})
+            observed["judge"] = observe(session.proc.pid, spec) if observe else {}
+            records.append({"event": "case", "case": plan.name, "outcome": reply["outcome"],
+                            "observed": observed})
+    run = session.run
+    run.records = [*run.records, *records]
+    return judge(run, [observable(p) for p in plans], ctx.timeout)
+
+
+def observable(plan: Plan) -> Plan:
+    """`plan`, whose check first says so when the child could not observe the call at all."""
+
+    def check(record: dict) -> Miss | None:
+        outcome = record["outcome"]
+        if outcome.get("kind") == "probe_failed":
+            return Miss(f"after the call, the judge could not look at what it left: {outcome.get('message')}",
+                        "Leave the objects you were given usable: e.g. never close the DB connection "
+                        "or the writer you were handed, unless the contract says so.")
+        return inner(record)
+
+    inner = plan.check
+    return Plan(plan.name, plan.called, plan.expected, check, plan.hint, plan.clauses)
+
+
 def store_state(applied: list[tuple[int, int]]) -> dict:
     return {"last": applied[-1][0] if applied else -1, "total": sum(d for _, d in applied),
             "ledger": [list(e) for e in applied]}
@@ -196,8 +293,8 @@ STRIP_HINT = ("Check that the frame is complete *before* stripping: `line[:-1]` 
 CRLF_HINT = ("CRLF is not this feed's line ending: exactly one LF ends a frame, and a `\\r` anywhere "
              "is an error. (`strip()`, `splitlines()` and `str.split()` hide it.)")
 ONE_FRAME_HINT = ("One frame is one line: exactly one LF, as its last byte, and at most 64 bytes in all. "
-                  "`re`'s `$` also matches just before a final LF, so `\\n$` lets an extra LF through: "
-                  "use `fullmatch` (or `\\Z`).")
+                  "`re`'s `$` also matches just before a final LF, so `\\n$` lets an extra LF through (use "
+                  "`fullmatch` or `\\Z`), and `rstrip(b\"\\n\")` eats every trailing LF, not one.")
 ZERO_HINT = ("No leading zeros: `int(b\"07\")` is 7, so check the digits yourself "
              "(only the number `0` itself may start with 0).")
 SPACE_HINT = ("Fields are separated by exactly one space: `split()` with no argument splits on any run of "
@@ -336,7 +433,7 @@ def check_parse(ctx: StepContext) -> list[Case]:
                           clauses=clauses))
         values.append(line)
     for label, line, clauses in REFUSED_LINES:
-        hint = CLAUSE_HINTS[clauses[-1]]
+        hint = CLAUSE_HINTS[clauses[0]]
         plans.append(Plan(label, f"parse_line({show(line)})", "ValueError", raises("ValueError", hint), hint,
                           clauses=clauses))
         values.append(line)
@@ -382,6 +479,7 @@ def check_store(ctx: StepContext) -> list[Case]:
     stores.execute(rowless, "DELETE FROM checkpoint")
     rowless_before = stores.rows(rowless, "SELECT seq, delta FROM ledger ORDER BY seq")
     fresh = make_store(ctx.path("fresh.db"))
+    state_saved = make_store(ctx.path("state-saved.db"), history)  # apart: an open case may have wiped `saved`
     empty.write_bytes(b"")
     garbage.write_bytes(b"this is not a database, just text\n" * 64)
     stores.execute(misshapen, "CREATE TABLE checkpoint(id INTEGER PRIMARY KEY, last INTEGER NOT NULL);")
@@ -439,9 +537,9 @@ def check_store(ctx: StepContext) -> list[Case]:
              clauses=("2.create-if-missing",)),
         Plan("open_store on an existing empty file", "open_store(a file of 0 bytes)",
              "a connection; tables checkpoint and ledger created; row (1, -1, 0)",
-             both(opened, under("2.create-if-missing", initial_row(empty, (
+             both(opened, retag("2.create-if-missing", initial_row(empty, ""), (
                  "Create the tables whenever they are missing, also in a file that already exists: "
-                 "`CREATE TABLE IF NOT EXISTS`, not a check of `os.path.exists`.")))),
+                 "`CREATE TABLE IF NOT EXISTS`, not a check of `os.path.exists`."))),
              clauses=("2.create-if-missing",)),
         Plan("open_store on a store saved by another process", "open_store(saved store) in a new process",
              f"a connection; the cursor still {expected_saved[0]}, every row unchanged",
@@ -454,12 +552,11 @@ def check_store(ctx: StepContext) -> list[Case]:
                   under("2.keep-saved", ledger_kept)),
              clauses=("2.initial-row", "2.keep-saved")),
         Plan("open_store on a file that is not a database", "open_store(text file)",
-             "sqlite3.DatabaseError; the connection closed", closed_on_error("initialisation"),
-             clauses=("2.init-failure",)),
+             "sqlite3.DatabaseError; the connection closed", closed_after_failure, clauses=("2.init-failure",)),
         Plan("open_store on a store whose checkpoint table has the wrong columns",
              "open_store(a store holding checkpoint(id, last), empty)",
              "sqlite3's own error (inserting the row fails); the connection closed",
-             closed_on_error("initialisation"), clauses=("2.init-failure",)),
+             closed_after_failure, clauses=("2.init-failure",)),
         Plan("state of a new store", "state(con) on a store holding (1, -1, 0)", "(-1, 0)",
              both(under("2.state", returns((-1, 0), tuple_hint)),
                   under("2.no-open-transaction", no_open_transaction)),
@@ -469,11 +566,47 @@ def check_store(ctx: StepContext) -> list[Case]:
                                         under("2.no-open-transaction", no_open_transaction)),
              clauses=("2.state", "2.no-open-transaction")),
     ]
-    opens = [(plans[0], new), (plans[1], new), (plans[2], empty), (plans[3], saved), (plans[4], rowless),
-             (plans[5], garbage), (plans[6], misshapen)]
-    args = {"opens": [{"name": p.name, "path": str(path)} for p, path in opens],
-            "states": [{"name": plans[7].name, "path": str(fresh)}, {"name": plans[8].name, "path": str(saved)}]}
-    return ctx.cases("stores", plans, args)
+    opens = [new, new, empty, saved, rowless, garbage, misshapen]
+    return (served(ctx, "open", plans[:7], [{"path": str(path)} for path in opens], observe_store)
+            + served(ctx, "state", plans[7:], [{"path": str(fresh)}, {"path": str(state_saved)}], observe_store))
+
+
+def observe_store(pid: int, spec: dict) -> dict:
+    """After a call on a store: does the child still hold the file open, can the judge write it,
+    and what does the judge's own connection read there?"""
+    path = Path(spec.get("path") or spec["db"])
+    try:
+        writable = can_write(path)
+    except sqlite3.DatabaseError:  # not a database at all
+        writable = None
+    return {"holds_file": os.path.realpath(path) in held_files(pid), "can_write": writable,
+            "after": snapshot(path)}
+
+
+def closed_after_failure(record: dict) -> Miss | None:
+    """Initialisation failed: sqlite3's own error, and no connection to the file left open."""
+    miss = raises("DatabaseError", "Let sqlite3's own error propagate (a bare `raise` after closing).")(record)
+    if miss is not None:
+        return miss
+    if record["observed"].get("left_open") or judged(record).get("holds_file"):
+        return Miss("raised, but the connection to the file was left open (the judge saw the process still "
+                    "holding the file)",
+                    "If initialisation fails, close the connection, then re-raise the original error.")
+    return None
+
+
+def retag(clause: str, check, hint: str = ""):
+    """`check`, with every miss it finds attributed to `clause` (even one a sub-check named), and
+    told with `hint` when given."""
+
+    def tagged(record: dict) -> Miss | None:
+        miss = check(record)
+        if miss is not None:
+            miss.clause = clause
+            miss.hint = hint or miss.hint
+        return miss
+
+    return tagged
 
 
 def returned_connection(record: dict) -> Miss | None:
@@ -494,6 +627,10 @@ def show_rows(rows: list) -> str:
 # --- step 3 -------------------------------------------------------------------------------
 
 
+PASS_FAULT_HINT = ("Pass `fault` on to apply_event: consume_line(con, line, fault) → "
+                   "apply_event(con, seq, delta, fault).")
+
+
 def fault_seen(seq: int, before: dict, delta: int, clause: str | None = None):
     """fault() ran once, inside the one transaction, between the total and the cursor. Misses name
     step 3's clause they break, or `clause` for every miss (step 5: fault was not passed on)."""
@@ -502,6 +639,8 @@ def fault_seen(seq: int, before: dict, delta: int, clause: str | None = None):
         miss = seen(record)
         if miss is not None and clause:
             miss.clause = clause
+            if not record["observed"].get("faults"):
+                miss.hint = PASS_FAULT_HINT
         return miss
 
     def seen(record: dict) -> Miss | None:
@@ -573,7 +712,7 @@ def check_apply(ctx: StepContext) -> list[Case]:
         checks = [outcome_check, under("3.no-open-transaction", no_open_transaction)]
         if extra is not None:
             checks.append(extra)
-        checks += [under(main, state_after(kept, state_hint)), under(main, judge_reads(db, kept, state_hint))]
+        checks.append(under(main, state_after(kept, state_hint)))
         shown_call = ", ".join(show(a) for a in args)
         on = f"on a store at last {applied[-1][0]}" if applied else "on a new store (last -1)"
         plans.append(Plan(label, f"apply_event(con, {shown_call}{', fault=f' if fault else ''}) {on}", expected,
@@ -610,12 +749,13 @@ def check_apply(ctx: StepContext) -> list[Case]:
              hint=hint)
     # Ranges, both ends, and validation before the store is read.
     top = [(SEQ_MAX - 1, d0)]
+    in_range = lambda hint: under("3.ranges", returns(True, hint))  # noqa: E731
     case("seq 2147483647 (the largest) after 2147483646", top, [SEQ_MAX, d1], "True; the event applied",
-         applies("seq ranges up to 2147483647, that value included."), top + [(SEQ_MAX, d1)], ("3.ranges",))
+         in_range("seq ranges up to 2147483647, that value included."), top + [(SEQ_MAX, d1)], ("3.ranges",))
     case("delta 1000 (the largest)", one, [1, 1000], "True; the event applied",
-         applies("delta ranges from -1000 to 1000, both included."), one + [(1, 1000)], ("3.ranges",))
+         in_range("delta ranges from -1000 to 1000, both included."), one + [(1, 1000)], ("3.ranges",))
     case("delta -1000 (the smallest)", one, [1, -1000], "True; the event applied",
-         applies("delta ranges from -1000 to 1000, both included."), one + [(1, -1000)], ("3.ranges",))
+         in_range("delta ranges from -1000 to 1000, both included."), one + [(1, -1000)], ("3.ranges",))
     for label, args, clause, hint in (
         ("delta 1001", [k + 1, 1001], "3.ranges", RANGE_HINT),
         ("delta -1001", [k + 1, -1001], "3.ranges", RANGE_HINT),
@@ -675,8 +815,7 @@ def check_apply(ctx: StepContext) -> list[Case]:
          "sqlite3.IntegrityError 'the cursor is jammed'; nothing changes; no open transaction",
          under("3.original-error", jam_error), history, ("3.rollback", "3.original-error", "3.one-transaction"),
          setup=JAM_CURSOR)
-    run = ctx.child("on_store", {"cases": [p.name for p in plans], "calls": specs})
-    return judge(run, plans, ctx.timeout)
+    return served(ctx, "call", plans, specs, observe_store)
 
 
 # The checkpoint's cursor cannot change, however the update is spelled (UPDATE, or INSERT OR
@@ -847,9 +986,9 @@ def visible_ack(seq: int, expected: dict, clause: str):
             miss = under(clause, returns(ack, f"Return the bytes `{ack!r}` (ASCII, one LF)."))(record)
         if miss is not None:
             return miss
-        have = record["observed"].get("after")
+        have = judged(record).get("after")
         if have is None or have["last"] < seq:
-            return Miss(f"returned {ack!r}, but right then another connection saw {shown(have)}",
+            return Miss(f"returned {ack!r}, but right then the judge's own connection read {shown(have)}",
                         ACK_AFTER_COMMIT, clause="5.visible-at-ack")
         return under(clause, state_after(expected, "Apply each event exactly once."))(record)
 
@@ -872,8 +1011,8 @@ def check_consume_line(ctx: StepContext) -> list[Case]:
         kept = store_state(after)
         on = f"on a store at last {applied[-1][0]}" if applied else "on a new store"
         plans.append(Plan(label, f"consume_line(con, {show(line)}{', fault=f' if fault else ''}) {on}", expected,
-                          both(check, under(clauses[0], judge_reads(db, kept, "Commit before returning the ACK; "
-                                                                               "change nothing on a refused line."))),
+                          both(check, under(clauses[0], state_after(kept, "Commit before returning the ACK; change "
+                                                                          "nothing on a refused line."))),
                           hint, clauses=clauses))
         specs.append({"name": label, "db": str(db), "fn": "consume_line", "args": [encode(line)], "fault": fault})
 
@@ -922,13 +1061,22 @@ def check_consume_line(ctx: StepContext) -> list[Case]:
          ("5.fault-passed",), history,
          "Pass `fault` on to apply_event: consume_line(con, line, fault) → apply_event(con, seq, delta, fault).",
          fault="raise")
-    run = ctx.child("on_store", {"cases": [p.name for p in plans], "calls": specs})
-    return judge(run, plans, ctx.timeout)
+    return served(ctx, "call", plans, specs, observe_store)
 
 
 # --- step 6 -------------------------------------------------------------------------------
 
-INVALID_TIMEOUTS = [0, -1, True, float("nan"), float("inf"), "1", None]
+# Every kind of invalid timeout, in every run: zero and negatives, bools, the non-finite
+# floats, and values of other types.
+INVALID_TIMEOUTS = [0, 0.0, -1, -0.5, True, False, float("nan"), float("inf"), float("-inf"), "1", None]
+
+
+def seqs_text(seqs: list) -> str:
+    """[0, 1, 2] as "0, 1 and 2"; [] as "none"."""
+    items = [str(s) for s in seqs]
+    if not items:
+        return "none"
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
 def _log(record: dict) -> list[dict]:
@@ -940,54 +1088,88 @@ def _writes(record: dict) -> list[bytes]:
 
 
 def closed(record: dict) -> Miss | None:
-    """close(), then wait_closed() — on every path."""
+    """close(), then wait_closed() — on every path (the calls the writer saw, in the child)."""
     kinds = [e["kind"] for e in _log(record)]
     if "close" not in kinds:
         if record["observed"].get("closed"):
-            return Miss("the socket was aborted, but writer.close() was never called", CLOSE_HINT)
-        return Miss("the writer was never closed", CLOSE_HINT)
+            return Miss("the socket was aborted, but writer.close() was never called", CLOSE_HINT,
+                        clause="6.close-every-path")
+        return Miss("the writer was never closed", CLOSE_HINT, clause="6.close-every-path")
     if "wait_closed" not in kinds[kinds.index("close"):]:
         return Miss("writer.close() was called, but wait_closed() was never awaited after it",
-                    "After close(), await `asyncio.wait_for(writer.wait_closed(), timeout)`.")
+                    "After close(), await `asyncio.wait_for(writer.wait_closed(), timeout)`.",
+                    clause="6.close-every-path")
+    return None
+
+
+def feed_saw_close(record: dict) -> Miss | None:
+    """Real TCP: the feed itself saw the client hang up (EOF or reset on its side), and the child
+    held no socket to the feed any more."""
+    seen = judged(record)
+    step7 = "dials" in record["observed"]
+    hint, clause = (SOCKET_HINT, "7.socket-closed") if step7 else (CLOSE_HINT, "6.close-every-path")
+    if seen.get("sockets"):
+        return Miss(f"after the call the process still held a socket to the feed: {seen['sockets'][0]}", hint,
+                    clause=clause)
+    if seen.get("feed_closed") not in ("eof", "reset"):
+        return Miss(f"the feed never saw the connection close (it ended: {seen.get('feed_closed') or 'still open'})",
+                    hint, clause=clause)
     return None
 
 
 def acks_after_commits(record: dict) -> Miss | None:
-    """Each ACK written after its commit and after before_ack; each write drained."""
+    """Each ACK written after its commit and after before_ack; each write drained (what the writer
+    saw, in the child; for real TCP the judge also reads the store when each ACK arrives)."""
     log = _log(record)
-    hooked: set[int] = set()
+    hooked_seqs: set[int] = set()
     for i, entry in enumerate(log):
         if entry["kind"] == "before_ack":
             seq = decode(entry["seq"])
             if entry.get("last_committed") is not None and entry["last_committed"] < seq:
                 return Miss(f"before_ack({seq}) ran while another connection still saw last "
-                            f"{entry['last_committed']}", "Call before_ack(seq) after consume_line returned.")
-            hooked.add(seq)
+                            f"{entry['last_committed']}", "Call before_ack(seq) after consume_line returned.",
+                            clause="6.commit-before-hook")
+            hooked_seqs.add(seq)
         if entry["kind"] == "write":
             data = decode(entry["data"])
             if not (isinstance(data, bytes) and data.startswith(b"ACK ")):
                 continue
-            seq = int(data[4:].strip() or -1) if data[4:].strip().isdigit() else None
+            seq = int(data[4:].strip()) if data[4:].strip().isdigit() else None
             if seq is not None and entry.get("last_committed") is not None and entry["last_committed"] < seq:
                 return Miss(f"{data!r} was written while another connection still saw last "
-                            f"{entry['last_committed']}: the ACK went out before the commit", ACK_AFTER_COMMIT)
-            if seq is not None and seq not in hooked:
+                            f"{entry['last_committed']}: the ACK went out before the commit", ACK_AFTER_COMMIT,
+                            clause="6.hook-before-ack")
+            if seq is not None and seq not in hooked_seqs:
                 return Miss(f"{data!r} was written before before_ack({seq}) was called",
-                            "Call before_ack(seq) after the commit and before writing the ACK.")
+                            "Call before_ack(seq) after the commit and before writing the ACK.",
+                            clause="6.hook-before-ack")
             following = [e["kind"] for e in log[i + 1:] if e["kind"] in ("drain", "write", "close")]
             if not following or following[0] != "drain":
                 return Miss(f"{data!r} was written but not drained before going on",
-                            "After each write, `await asyncio.wait_for(writer.drain(), timeout)`.")
+                            "After each write, `await asyncio.wait_for(writer.drain(), timeout)`.",
+                            clause="6.drain-bounded")
     return None
 
 
-def wrote_acks(seqs: list[int], hint: str = ""):
+def acks_seen_committed(record: dict) -> Miss | None:
+    """Real TCP: when each ACK reached the feed, the judge's own connection already read its commit."""
+    for ack in judged(record).get("acks", []):
+        last = (ack.get("observed") or {}).get("last")
+        if last is None or last < ack["seq"]:
+            return Miss(f"when ACK {ack['seq']} reached the feed, the judge's own connection read last "
+                        f"{last}: the ACK went out before the commit", ACK_AFTER_COMMIT,
+                        clause="6.hook-before-ack")
+    return None
+
+
+def wrote_acks(seqs: list[int], hint: str = "", clause: str = "6.hook-before-ack"):
     def check(record: dict) -> Miss | None:
         expected = [b"ACK %d\n" % s for s in seqs]
         got = _writes(record)
         if got != expected:
-            return Miss(f"wrote {show(got, 160)}; expected {show(expected, 160)}",
-                        hint or "Write exactly one `ACK <seq>\\n` per committed line, nothing else.")
+            text = ", ".join(show(w) for w in got) or "nothing"
+            return Miss(f"wrote {text}; expected " + (", ".join(show(w) for w in expected) or "nothing"),
+                        hint or "Write exactly one `ACK <seq>\\n` per committed line, nothing else.", clause=clause)
         return None
 
     return check
@@ -997,8 +1179,9 @@ def hooked(seqs: list[int]):
     def check(record: dict) -> Miss | None:
         got = [decode(e["seq"]) for e in _log(record) if e["kind"] == "before_ack"]
         if got != seqs:
-            return Miss(f"before_ack was called with {got}; expected {seqs}",
-                        "After each committed line, call before_ack(seq) if it is given.")
+            return Miss(f"before_ack was called with {seqs_text(got)}; expected {seqs_text(seqs)}",
+                        "After each committed line, call before_ack(seq) with that line's seq.",
+                        clause="6.commit-before-hook")
         return None
 
     return check
@@ -1007,17 +1190,18 @@ def hooked(seqs: list[int]):
 def aborted(record: dict) -> Miss | None:
     kinds = [e["kind"] for e in _log(record)]
     if "abort" not in kinds:
-        return Miss("wait_closed() never finished, and writer.transport.abort() was not called", ABORT_HINT)
+        return Miss("wait_closed() never finished, and writer.transport.abort() was not called", ABORT_HINT,
+                    clause="6.abort")
     return None
 
 
-def took(seconds: float, hint: str, slack: float = 0.05):
+def took(seconds: float, hint: str, clause: str, slack: float = 0.05):
     """Virtual-clock cases: the call lasted `seconds` (exact, whatever the machine's load)."""
 
     def check(record: dict) -> Miss | None:
         spent = record["observed"].get("seconds")
         if spent is None or abs(spent - seconds) > slack:
-            return Miss(f"the call took {spent} s of (virtual) time; expected {seconds:g} s", hint)
+            return Miss(f"the call took {spent} s of (virtual) time; expected {seconds:g} s", hint, clause=clause)
         return None
 
     return check
@@ -1026,171 +1210,300 @@ def took(seconds: float, hint: str, slack: float = 0.05):
 def db_kept_open(record: dict) -> Miss | None:
     if not record["observed"].get("con_open", True):
         return Miss("the DB connection was closed by consume_session",
-                    "Do not close the DB connection: it belongs to the caller (run_client).")
+                    "Do not close the DB connection: it belongs to the caller (run_client).", clause="6.db-left-open")
     return None
 
 
-def check_session(ctx: StepContext) -> list[Case]:
-    rng = ctx.rng
-    events = list(enumerate(deltas(rng, 5)))
-    total = sum(d for _, d in events)
-    every = [s for s, _ in events]
-    plans: list[Plan] = []
-    scenarios: list[dict] = []
-    journal: dict[int, list[dict]] = {}
-    faults: list[str] = []
-
-    def scenario(label, called, expected, make_check, **spec):
-        """One case; `make_check(db, conn)` builds its check (conn: its feed connection, if any)."""
-        db = make_store(ctx.path(f"s{len(scenarios)}.db"))
-        conn = None
-        if spec["io"] == "feed":
-            faults.append(spec.pop("fault"))
-            conn = len(faults)
-        scenarios.append({"name": label, "db": str(db), "timeout": encode(spec.pop("timeout")), **spec})
-        plans.append(Plan(label, called, expected, both(make_check(db, conn), db_kept_open)))
-
-    def feed_acked(conn: int, seqs: list[int]):
-        def check(record: dict) -> Miss | None:
-            got = acks_on(journal.get(conn, []))
-            if got != seqs:
-                return Miss(f"the feed received ACKs for {got}; expected {seqs}",
-                            "Send exactly one `ACK <seq>\\n` per committed line, and drain it.")
-            return None
-
-        return check
-
-    call = "consume_session(reader, writer, con, {t}, before_ack=hook)"
-    first = (0, events[0][1])
-
-    # Real TCP against the judge's feed: one connection per case, in this order.
-    scenario("reads, commits and ACKs every line, then returns the state at EOF", call.format(t=3.0),
-             f"{(events[-1][0], total)}; before_ack then ACK for 0–4, each after its commit; writer closed",
-             lambda db, conn: both(
-                 returns((events[-1][0], total), "At EOF (readline returns b\"\"), return state(con)."),
-                 hooked(every), acks_after_commits, wrote_acks(every), closed, feed_acked(conn, every),
-                 judge_reads(db, store_state(events), "Commit every line.")),
-             io="feed", fault="none", timeout=3.0, guard=5.0)
-    scenario("a stalled feed ends in TimeoutError", call.format(t=0.1) + "; the feed sends nothing",
-             "TimeoutError after about 0.1 s; writer closed",
-             lambda db, conn: both(raises("TimeoutError", READ_HINT),
-                                   within(0.09, 2.0, "about 0.1 s", READ_HINT), closed),
-             io="feed", fault="stall", timeout=0.1, guard=2.5)
-    scenario("the feed drops the connection after one line", call.format(t=3.0),
-             f"{first} at EOF; writer closed",
-             lambda db, conn: both(returns(first, "EOF ends the session: return state(con)."), closed,
-                                   feed_acked(conn, [0])),
-             io="feed", fault="drop_mid_stream", timeout=3.0, guard=5.0)
-    scenario("a torn last line is not a command",
-             call.format(t=3.0) + "; the feed sends b'EVENT 0 …' without LF and closes",
-             "ValueError; nothing applied, no ACK; writer closed",
-             lambda db, conn: both(
-                 raises("ValueError", "A torn last line (no LF) is not a command: parse_line refuses it, "
-                                      "and the error propagates."),
-                 wrote_acks([], "Never ACK a torn line."), closed,
-                 judge_reads(db, store_state([]), "Never apply a torn line.")),
-             io="feed", fault="torn_last_line", timeout=3.0, guard=5.0)
-    scenario("a conflicting duplicate", call.format(t=3.0) + "; the feed resends seq 0 with another delta",
-             "Conflict; only ACK 0 written; writer closed",
-             lambda db, conn: both(
-                 is_module_exception("Conflict", "consume_line's Conflict propagates out of consume_session."),
-                 wrote_acks([0]), closed, feed_acked(conn, [0]),
-                 judge_reads(db, store_state(events[:1]), "Apply seq 0 once.")),
-             io="feed", fault="conflicting_duplicate", timeout=3.0, guard=5.0)
-    scenario("a skipped seq", call.format(t=3.0) + "; the feed starts at seq 1", "Gap; no ACK; writer closed",
-             lambda db, conn: both(
-                 is_module_exception("Gap", "consume_line's Gap propagates out of consume_session."),
-                 wrote_acks([]), closed, judge_reads(db, store_state([]), "Apply nothing after a Gap.")),
-             io="feed", fault="skip_seq", timeout=3.0, guard=5.0)
-    scenario("before_ack raises at seq 1", call.format(t=3.0) + " where hook(1) raises RuntimeError",
-             "that RuntimeError; seq 1 committed but not ACKed; writer closed",
-             lambda db, conn: both(
-                 same_error("Let before_ack's own exception propagate."),
-                 wrote_acks([0], "No ACK for a line whose before_ack failed."), closed, feed_acked(conn, [0]),
-                 judge_reads(db, store_state(events[:2]), "Commit before calling before_ack.")),
-             io="feed", fault="none", timeout=3.0, guard=5.0, hook_fails_at=1)
-    scenario("cancelled while waiting for a line", call.format(t=5.0) + "; cancelled after 0.02 s",
-             "CancelledError propagates; writer closed", lambda db, conn: both(cancelled, closed),
-             io="feed", fault="stall", timeout=5.0, guard=2.0, cancel_after=0.02)
-
-    # In-process I/O on a virtual clock: a fed StreamReader and a fake writer.
-    line0 = (b"EVENT 0 %d\n" % events[0][1]).decode("latin-1")
-    scenario("drain never finishes", call.format(t=0.5) + "; writer.drain() hangs",
-             "TimeoutError after 0.5 s; writer closed",
-             lambda db, conn: both(
-                 raises("TimeoutError", "Bound every drain: `await asyncio.wait_for(writer.drain(), timeout)`."),
-                 took(0.5, "Bound the drain by `timeout`."), closed),
-             io="fake", input=line0, drain="hang", timeout=0.5, guard=30.0)
-    scenario("wait_closed hangs after a normal end",
-             call.format(t=0.5) + "; EOF after one line; wait_closed() hangs", f"{first}; abort() after 0.5 s",
-             lambda db, conn: both(
-                 returns(first, "A close wait that times out is handled by abort(): the session's result "
-                                "stands."),
-                 closed, aborted, took(0.5, "Bound wait_closed by `timeout`.")),
-             io="fake", input=line0, wait_closed="hang", timeout=0.5, guard=30.0)
-    scenario("wait_closed fails after an error",
-             call.format(t=0.5) + "; a bad line; wait_closed() raises ConnectionResetError",
-             "the original ValueError (not masked); abort() called",
-             lambda db, conn: both(raises("ValueError", ABORT_HINT), closed, aborted),
-             io="fake", input="EVENT 0 x\n", wait_closed="reset", timeout=0.5, guard=30.0)
-    scenario("wait_closed hangs after an error", call.format(t=0.5) + "; seq 5 first (a gap); wait_closed() hangs",
-             "the original Gap (not masked); abort() after 0.5 s",
-             lambda db, conn: both(is_module_exception("Gap", ABORT_HINT), closed, aborted,
-                                   took(0.5, "Bound wait_closed by `timeout`.")),
-             io="fake", input="EVENT 5 1\n", wait_closed="hang", timeout=0.5, guard=30.0)
-    scenario("cancelled while reading (virtual clock)", call.format(t=5.0) + "; no data; cancelled after 0.05 s",
-             "CancelledError propagates; close() and wait_closed()", lambda db, conn: both(cancelled, closed),
-             io="fake", input="", eof=False, timeout=5.0, guard=30.0, cancel_after=0.05)
-    for bad in INVALID_TIMEOUTS:
-        scenario(f"timeout {bad!r} is refused", call.format(t=repr(bad)) + "; wait_closed() hangs",
-                 "ValueError; nothing read or written; writer closed with a 1 s close wait, then abort()",
-                 lambda db, conn: both(
-                     raises("ValueError", TIMEOUT_HINT), wrote_acks([], TIMEOUT_HINT), closed, aborted,
-                     took(1.0, "With an invalid timeout, still close the writer, and bound wait_closed by 1 s."),
-                     judge_reads(db, store_state([]), TIMEOUT_HINT)),
-                 io="fake", input=line0, wait_closed="hang", timeout=bad, guard=30.0)
-
-    feed = start_feed(events, faults, stall_seconds=3.0, io_timeout=3.0)
-    try:
-        for s in scenarios:
-            if s["io"] == "feed":
-                s.update(host=feed.host, port=feed.port)
-        run = ctx.child("sessions", {"cases": [p.name for p in plans], "scenarios": scenarios})
-        feed.wait_idle(2.0)
-    finally:
-        close_feeds([feed])
-    for entry in feed.journal():
-        journal.setdefault(entry["conn"], []).append(entry)
-    return judge(run, plans, ctx.timeout)
-
-
-def same_error(hint: str):
+def same_error(hint: str, clause: str):
     def check(record: dict) -> Miss | None:
         if not record["observed"].get("same_error"):
-            return Miss(describe(record["outcome"]), hint)
+            return Miss(describe(record["outcome"]), hint, clause=clause)
         return None
 
     return check
 
 
-def within(low: float, high: float, expected: str, hint: str):
+def within(low: float, high: float, expected: str, hint: str, clause: str):
     """Real-clock cases: wide bounds, so a busy machine cannot change the verdict."""
 
     def check(record: dict) -> Miss | None:
         spent = record["observed"].get("seconds")
         if spent is None or not low <= spent <= high:
-            return Miss(f"{describe(record['outcome'])} after {spent} s; expected {expected}", hint)
+            return Miss(f"{describe(record['outcome'])} after {spent} s; expected {expected}", hint, clause=clause)
         return None
 
     return check
 
 
-def cancelled(record: dict) -> Miss | None:
-    if record["outcome"]["kind"] != "cancelled":
-        return Miss(describe(record["outcome"]),
-                    "Let CancelledError propagate: no `except BaseException` or `except CancelledError` that "
-                    "swallows it; clean up in `finally`.")
-    return None
+def cancelled(clause: str):
+    def check(record: dict) -> Miss | None:
+        if record["outcome"]["kind"] != "cancelled":
+            return Miss(describe(record["outcome"]),
+                        "Let CancelledError propagate: no `except BaseException` or `except CancelledError` that "
+                        "swallows it; clean up in `finally`.", clause=clause)
+        return None
+
+    return check
+
+
+def script(events: list[tuple[int, int]], gap: float = 0.0) -> list[list]:
+    """Frames for a scripted reader, `gap` seconds apart (the first at once)."""
+    return [[0.0 if i == 0 else gap, f"EVENT {s} {d}\n"] for i, (s, d) in enumerate(events)]
+
+
+def check_session(ctx: StepContext) -> list[Case]:
+    rng = ctx.rng
+    events = distinct_history(rng, 5)
+    total = sum(d for _, d in events)
+    every = [s for s, _ in events]
+    first = (0, events[0][1])
+    plans: list[Plan] = []
+    specs: list[dict] = []
+    faults: list[str] = []
+    dbs: dict[int, Path] = {}  # feed connection → the store its client commits to
+    call = "consume_session(reader, writer, con, {t}, before_ack=hook)"
+
+    def scenario(label, called, expected, checks, clauses, **spec):
+        """One case on a store of its own; `checks(db, conn)` builds its checks (conn: its feed connection)."""
+        db = make_store(ctx.path(f"s{len(specs)}.db"))
+        conn = None
+        if spec["io"] == "feed":
+            faults.append(spec.pop("fault"))
+            conn = len(faults)
+            dbs[conn] = db
+        specs.append({"db": str(db), "timeout": encode(spec.pop("timeout")), "conn": conn, **spec})
+        plans.append(Plan(label, called, expected, both(*checks(db, conn), db_kept_open), clauses=clauses))
+
+    def feed_acked(seqs: list[int]):
+        def check(record: dict) -> Miss | None:
+            got = [a["seq"] for a in judged(record).get("acks", [])]
+            if got != seqs:
+                return Miss(f"the feed received ACKs for {seqs_text(got)}; expected {seqs_text(seqs)}",
+                            "Send exactly one `ACK <seq>\\n` per committed line, and drain it.",
+                            clause="6.hook-before-ack")
+            return None
+
+        return check
+
+    def committed(db: Path, applied: list[tuple[int, int]], hint: str, clause: str):
+        return under(clause, judge_reads(db, store_state(applied), hint))
+
+    # Real TCP against the judge's feed: one connection per case, in this order.
+    scenario("reads, commits and ACKs every line, then returns the state at EOF", call.format(t=3.0),
+             f"{(events[-1][0], total)}; before_ack then ACK for 0–4, each after its commit; writer closed",
+             lambda db, conn: [
+                 under("6.eof-state", returns((events[-1][0], total), "At EOF (readline returns b\"\"), return "
+                                                                     "state(con).")),
+                 hooked(every), acks_seen_committed, acks_after_commits, wrote_acks(every), closed,
+                 feed_acked(every), committed(db, events, "Commit every line.", "6.eof-state")],
+             ("6.eof-state", "6.commit-before-hook", "6.hook-before-ack", "6.drain-bounded"),
+             io="feed", fault="none", timeout=3.0, guard=5.0)
+    scenario("a stalled feed ends in TimeoutError", call.format(t=0.1) + "; the feed sends nothing",
+             "TimeoutError after about 0.1 s; writer closed",
+             lambda db, conn: [under("6.read-bounded", raises("TimeoutError", READ_HINT)),
+                               within(0.09, 2.0, "about 0.1 s", READ_HINT, "6.read-bounded"), closed,
+                               feed_saw_close],
+             ("6.read-bounded", "6.close-every-path"), io="feed", fault="stall", timeout=0.1, guard=2.5)
+    scenario("the feed drops the connection after one line", call.format(t=3.0),
+             f"{first} at EOF; writer closed",
+             lambda db, conn: [under("6.eof-state", returns(first, "EOF ends the session: return state(con).")),
+                               closed, feed_acked([0])],
+             ("6.eof-state", "6.close-every-path"), io="feed", fault="drop_mid_stream", timeout=3.0, guard=5.0)
+    scenario("a torn last line is not a command",
+             call.format(t=3.0) + "; the feed sends b'EVENT 0 …' without LF and closes",
+             "ValueError; nothing applied, no ACK; writer closed",
+             lambda db, conn: [
+                 under("6.errors-propagate", raises("ValueError", "A torn last line (no LF) is not a command: "
+                                                                  "parse_line refuses it, and the error propagates.")),
+                 wrote_acks([], "Never ACK a torn line.", "6.errors-propagate"), closed,
+                 committed(db, [], "Never apply a torn line.", "6.errors-propagate")],
+             ("6.errors-propagate", "6.close-every-path"), io="feed", fault="torn_last_line", timeout=3.0, guard=5.0)
+    scenario("a conflicting duplicate", call.format(t=3.0) + "; the feed resends seq 0 with another delta",
+             "Conflict; only ACK 0 written; writer closed",
+             lambda db, conn: [
+                 under("6.errors-propagate", is_module_exception("Conflict", "consume_line's Conflict propagates out "
+                                                                             "of consume_session.")),
+                 wrote_acks([0], clause="6.errors-propagate"), closed, feed_saw_close, feed_acked([0]),
+                 committed(db, events[:1], "Apply seq 0 once.", "6.errors-propagate")],
+             ("6.errors-propagate", "6.close-every-path"), io="feed", fault="conflicting_duplicate", timeout=3.0,
+             guard=5.0)
+    scenario("a skipped seq", call.format(t=3.0) + "; the feed starts at seq 1", "Gap; no ACK; writer closed",
+             lambda db, conn: [
+                 under("6.errors-propagate", is_module_exception("Gap", "consume_line's Gap propagates out of "
+                                                                        "consume_session.")),
+                 wrote_acks([], clause="6.errors-propagate"), closed, feed_saw_close,
+                 committed(db, [], "Apply nothing after a Gap.", "6.errors-propagate")],
+             ("6.errors-propagate", "6.close-every-path"), io="feed", fault="skip_seq", timeout=3.0, guard=5.0)
+    scenario("before_ack raises at seq 1", call.format(t=3.0) + " where hook(1) raises RuntimeError",
+             "that RuntimeError; seq 1 committed but not ACKed; writer closed",
+             lambda db, conn: [
+                 same_error("Let before_ack's own exception propagate.", "6.errors-propagate"),
+                 wrote_acks([0], "No ACK for a line whose before_ack failed.", "6.hook-before-ack"), closed,
+                 feed_saw_close, feed_acked([0]),
+                 committed(db, events[:2], "Commit before calling before_ack.", "6.commit-before-hook")],
+             ("6.errors-propagate", "6.commit-before-hook", "6.hook-before-ack"),
+             io="feed", fault="none", timeout=3.0, guard=5.0, hook_fails_at=1)
+    scenario("cancelled while waiting for a line", call.format(t=5.0) + "; the feed stalls; cancelled after 0.02 s",
+             "CancelledError propagates; writer closed",
+             lambda db, conn: [cancelled("6.cancel-propagates"), closed, feed_saw_close],
+             ("6.cancel-propagates", "6.close-every-path"),
+             io="feed", fault="stall", timeout=5.0, guard=2.0, cancel_after=0.02)
+
+    # In-process I/O on a virtual clock: a scripted StreamReader and a fake writer.
+    line0 = script(events[:1])
+    slow = events[:4]
+    scenario("lines 0.3 s apart with timeout 0.5 (the session outlasts the timeout)",
+             call.format(t=0.5) + "; 4 lines, 0.3 s apart, then EOF",
+             f"{(slow[-1][0], sum(d for _, d in slow))}: each read waits at most 0.5 s, the session as long as it must",
+             lambda db, conn: [under("6.read-bounded", returns((slow[-1][0], sum(d for _, d in slow)), (
+                 "Bound each readline on its own (`wait_for(reader.readline(), timeout)` inside the loop), not "
+                 "the whole session."))), wrote_acks([0, 1, 2, 3], clause="6.read-bounded")],
+             ("6.read-bounded",), io="script", script=script(slow, 0.3), end_after=0.3, timeout=0.5, guard=30.0)
+    scenario("no line ever comes", call.format(t=0.5) + "; the reader gets nothing, not even EOF",
+             "TimeoutError after exactly 0.5 s; writer closed",
+             lambda db, conn: [under("6.read-bounded", raises("TimeoutError", READ_HINT)),
+                               took(0.5, "Bound every readline by `timeout`.", "6.read-bounded"), closed],
+             ("6.read-bounded", "6.close-every-path"), io="script", end="open", timeout=0.5, guard=30.0)
+    scenario("the connection is reset while reading", call.format(t=0.5) + "; one line, then ConnectionResetError",
+             "ConnectionResetError propagates; ACK 0 written; writer closed",
+             lambda db, conn: [under("6.errors-propagate", raises("ConnectionResetError",
+                                                                  "Let the reader's error propagate.")),
+                               wrote_acks([0], clause="6.errors-propagate"), closed],
+             ("6.errors-propagate", "6.close-every-path"), io="script", script=line0, end="reset", end_after=0.1,
+             timeout=0.5, guard=30.0)
+    dup = [events[0], events[0], events[1]]
+    scenario("an identical duplicate line is ACKed again", call.format(t=0.5) + "; lines 0, 0 (the same), 1, EOF",
+             f"{(1, events[0][1] + events[1][1])}; ACK 0, ACK 0, ACK 1",
+             lambda db, conn: [under("6.eof-state", returns((1, events[0][1] + events[1][1]), "Return state(con).")),
+                               hooked([0, 0, 1]), wrote_acks([0, 0, 1], "A duplicate is ACKed too (consume_line "
+                                                                        "returns its ACK).")],
+             ("6.hook-before-ack",), io="script", script=script(dup), timeout=0.5, guard=30.0)
+    scenario("timeout 1 (an int) is accepted", call.format(t=1) + "; two lines, EOF",
+             f"{(1, events[0][1] + events[1][1])}; both ACKed",
+             lambda db, conn: [under("6.timeout", returns((1, events[0][1] + events[1][1]), (
+                 "timeout may be an int: test `type(timeout) in (int, float)` and not bool, finite, > 0.")))],
+             ("6.timeout",), io="script", script=script(events[:2]), timeout=1, guard=30.0)
+    scenario("drain never finishes", call.format(t=0.5) + "; writer.drain() hangs",
+             "TimeoutError after 0.5 s; writer closed",
+             lambda db, conn: [
+                 under("6.drain-bounded", raises("TimeoutError", "Bound every drain: "
+                                                                 "`await asyncio.wait_for(writer.drain(), timeout)`.")),
+                 took(0.5, "Bound the drain by `timeout`.", "6.drain-bounded"), closed],
+             ("6.drain-bounded", "6.close-every-path"), io="script", script=line0, drain="hang", timeout=0.5,
+             guard=30.0)
+    scenario("drain fails", call.format(t=0.5) + "; writer.drain() raises ConnectionResetError",
+             "ConnectionResetError propagates; writer closed",
+             lambda db, conn: [under("6.errors-propagate", raises("ConnectionResetError",
+                                                                  "Let the error from drain propagate.")), closed],
+             ("6.errors-propagate", "6.close-every-path"), io="script", script=line0, drain="raise", timeout=0.5,
+             guard=30.0)
+    scenario("cancelled while draining", call.format(t=5.0) + "; drain hangs; cancelled after 0.05 s",
+             "CancelledError propagates; writer closed",
+             lambda db, conn: [cancelled("6.cancel-propagates"), closed],
+             ("6.cancel-propagates", "6.close-every-path"), io="script", script=line0, end="open", drain="hang",
+             timeout=5.0, guard=30.0, cancel_after=0.05)
+    scenario("wait_closed hangs after a normal end",
+             call.format(t=0.5) + "; EOF after one line; wait_closed() hangs", f"{first}; abort() after 0.5 s",
+             lambda db, conn: [
+                 took(0.5, "Bound wait_closed by `timeout`.", "6.close-wait-bounded"),
+                 under("6.never-mask", returns(first, "A close wait that times out is handled by abort(): the "
+                                                      "session's result stands.")),
+                 closed, aborted],
+             ("6.close-wait-bounded", "6.abort", "6.never-mask"), io="script", script=line0, wait_closed="hang",
+             timeout=0.5, guard=30.0)
+    scenario("wait_closed fails after a normal end",
+             call.format(t=0.5) + "; EOF after one line; wait_closed() raises ConnectionResetError",
+             f"{first}; abort() called",
+             lambda db, conn: [under("6.never-mask", returns(first, ABORT_HINT)), closed, aborted],
+             ("6.abort", "6.never-mask"), io="script", script=line0, wait_closed="reset", timeout=0.5, guard=30.0)
+    scenario("wait_closed fails after an error",
+             call.format(t=0.5) + "; a bad line; wait_closed() raises ConnectionResetError",
+             "the original ValueError (not masked); abort() called",
+             lambda db, conn: [under("6.never-mask", raises("ValueError", ABORT_HINT)), closed, aborted],
+             ("6.abort", "6.never-mask"), io="script", script=[[0.0, "EVENT 0 x\n"]], wait_closed="reset",
+             timeout=0.5, guard=30.0)
+    scenario("wait_closed hangs after an error", call.format(t=0.5) + "; seq 5 first (a gap); wait_closed() hangs",
+             "the original Gap (not masked); abort() after 0.5 s",
+             lambda db, conn: [took(0.5, "Bound wait_closed by `timeout`.", "6.close-wait-bounded"),
+                               under("6.never-mask", is_module_exception("Gap", ABORT_HINT)), closed, aborted],
+             ("6.close-wait-bounded", "6.abort", "6.never-mask"), io="script", script=[[0.0, "EVENT 5 1\n"]],
+             wait_closed="hang", timeout=0.5, guard=30.0)
+    scenario("wait_closed hangs after a cancellation",
+             call.format(t=0.5) + "; no data; cancelled after 0.05 s; wait_closed() hangs",
+             "CancelledError (not masked by the close wait's TimeoutError); abort() after 0.5 s more",
+             lambda db, conn: [took(0.55, "Bound wait_closed by `timeout`, also after a cancellation.",
+                                    "6.close-wait-bounded"),
+                               cancelled("6.never-mask"), closed, aborted],
+             ("6.never-mask", "6.abort", "6.close-wait-bounded"), io="script", end="open", wait_closed="hang",
+             timeout=0.5, guard=30.0, cancel_after=0.05)
+    scenario("cancelled while reading (virtual clock)", call.format(t=5.0) + "; no data; cancelled after 0.05 s",
+             "CancelledError propagates; close() and wait_closed()",
+             lambda db, conn: [cancelled("6.cancel-propagates"), closed],
+             ("6.cancel-propagates", "6.close-every-path"), io="script", end="open", timeout=5.0, guard=30.0,
+             cancel_after=0.05)
+    scenario("cancelled while waiting for wait_closed",
+             call.format(t=5.0) + "; EOF after one line; wait_closed() hangs; cancelled after 0.05 s",
+             "CancelledError propagates; close() was called first",
+             lambda db, conn: [cancelled("6.cancel-propagates"), closed],
+             ("6.cancel-propagates",), io="script", script=line0, wait_closed="hang", timeout=5.0, guard=30.0,
+             cancel_after=0.05)
+    for bad in INVALID_TIMEOUTS:
+        scenario(f"timeout {bad!r} is refused", call.format(t=repr(bad)) + "; wait_closed() hangs",
+                 "ValueError; nothing read or written; writer closed with a 1 s close wait, then abort()",
+                 lambda db, conn: [
+                     under("6.timeout", raises("ValueError", TIMEOUT_HINT)),
+                     wrote_acks([], TIMEOUT_HINT, "6.timeout"), closed, aborted,
+                     took(1.0, "With an invalid timeout, still close the writer, and bound wait_closed by 1 s.",
+                          "6.close-wait-bounded"),
+                     committed(db, [], TIMEOUT_HINT, "6.timeout")],
+                 ("6.timeout", "6.close-wait-bounded", "6.close-every-path"), io="script", script=line0,
+                 wait_closed="hang", timeout=bad, guard=30.0)
+
+    feed = start_feed(events, faults, stall_seconds=3.0, io_timeout=3.0,
+                      on_ack=lambda conn, seq: {"last": committed_last(dbs.get(conn))})
+    try:
+        for spec in specs:
+            if spec["io"] == "feed":
+                spec.update(host=feed.host, port=feed.port)
+        return served(ctx, "session", plans, specs, lambda pid, spec: observe_feed_case(feed, pid, spec))
+    finally:
+        close_feeds([feed])
+
+
+def committed_last(path: Path | None) -> int | None:
+    """The cursor saved in `path`, read by the judge's own read-only connection (None if unreadable)."""
+    if path is None:
+        return None
+    try:
+        with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=0.5)) as con:
+            row = con.execute("SELECT last FROM checkpoint WHERE id = 1").fetchone()
+    except sqlite3.Error:
+        return None
+    return row[0] if row else None
+
+
+def observe_feed_case(feed: Feed, pid: int, spec: dict) -> dict:
+    """After a case against the feed: how the feed's connection ended (waiting for it, bounded),
+    the ACKs it received with what the judge read at each, and the sockets the child still holds."""
+    conn = spec.get("conn")
+    if conn is None:
+        return {}
+    ended = feed_closed(feed, conn, 2.0)
+    journal = [e for e in feed.journal() if e["conn"] == conn]
+    return {"feed_closed": ended, "sockets": held_sockets(pid, feed.port),
+            "acks": [{"seq": e["seq"], "observed": e.get("observed")} for e in journal if e["kind"] == "ack"]}
+
+
+def feed_closed(feed: Feed, conn: int, seconds: float) -> str | None:
+    """How the feed's connection `conn` ended ("eof", "done", ...), waiting at most `seconds`."""
+    deadline = time.monotonic() + seconds
+    while True:
+        for entry in feed.journal():
+            if entry["conn"] == conn and entry["kind"] == "closed":
+                return entry["reason"]
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.005)
 
 
 # --- step 7 -------------------------------------------------------------------------------
@@ -1198,119 +1511,204 @@ def cancelled(record: dict) -> Miss | None:
 
 def check_run_client(ctx: StepContext) -> list[Case]:
     rng = ctx.rng
-    events = list(enumerate(deltas(rng, rng.randint(4, 6))))
+    events = distinct_history(rng, rng.randint(4, 6))
     total = sum(d for _, d in events)
     every = [s for s, _ in events]
     result = (events[-1][0], total)
     saved_at = rng.randint(1, len(events) - 2)
     plans: list[Plan] = []
-    scenarios: list[dict] = []
+    specs: list[dict] = []
     feeds: list[Feed] = []
-    dead_port = _closed_port()
-
-    def scenario(label, called, expected, make_check, faults=None, path=None, **spec):
-        """One case; `make_check(path, feed)` builds its check (feed: the case's own feed, if any)."""
-        path = path or ctx.path(f"c{len(scenarios)}.db")
-        feed = None
-        if faults is not None:
-            feed = start_feed(events, faults, stall_seconds=3.0, io_timeout=3.0)
-            feeds.append(feed)
-        host, port = (feed.host, feed.port) if feed else ("127.0.0.1", dead_port)
-        scenarios.append({"name": label, "path": str(path), "timeout": encode(spec.pop("timeout")),
-                          "host": host, "port": port, **spec})
-        plans.append(Plan(label, called, expected, make_check(Path(path), feed)))
-
     call = "run_client(host, port, path, {t}, before_ack=hook)"
+    refused = refusing_port()  # bound, never listening, held until the step ends: nobody else gets it
+
+    def scenario(label, called, expected, checks, clauses, faults=None, path=None, feed=None, **spec):
+        """One case; `checks(path, feed)` builds its checks (feed: the case's own feed, if any)."""
+        path = Path(path or ctx.path(f"c{len(specs)}.db"))
+        if faults is not None:
+            feed = start_feed(events, faults, stall_seconds=3.0, io_timeout=3.0,
+                              on_ack=lambda conn, seq, path=path: {"last": committed_last(path)})
+            feeds.append(feed)
+        host, port = (feed.host, feed.port) if feed else ("127.0.0.1", refused.getsockname()[1])
+        specs.append({"path": str(path), "timeout": encode(spec.pop("timeout")), "host": host, "port": port,
+                      "feed": len(feeds) - 1 if faults is not None else None, **spec})
+        plans.append(Plan(label, called, expected, both(*checks(path, feed)), clauses=clauses))
+
+    def stored(applied, hint, clause="7.handover"):
+        def check(record: dict) -> Miss | None:
+            have, expected = judged(record).get("after"), store_state(applied)
+            if have != expected:
+                return Miss(f"right after run_client ended the judge read {shown(have)}; expected {shown(expected)}",
+                            hint, clause=clause)
+            return None
+
+        return check
+
+    def normal(path, feed, resume, acked):
+        return [under("7.handover", returns(result, "Return what consume_session returns: state(con) at EOF.")),
+                db_closed, dialled_with_limit, resumed(resume), feed_resumed(resume), socket_closed,
+                stored(events, "Apply every event once; events at or below the saved cursor are duplicates."),
+                feed_got_acks(acked), acks_seen_committed]
+
     try:
-        silent = start_feed(events)  # the invalid-timeout cases must never connect to it
+        silent = start_feed(events)  # the cases that must never connect use it
         feeds.append(silent)
         scenario("a new store: RESUME -1, then every event", call.format(t=3.0) + " on a new file",
                  f"{result}; the feed saw RESUME -1 and an ACK for each event; DB and socket closed",
-                 lambda path, feed: both(
-                     returns(result, "Return what consume_session returns: state(con) at EOF."),
-                     db_closed, dialled_with_limit, resumed(-1), feed_resumed(feed, -1), socket_closed,
-                     judge_reads(path, store_state(events), "Apply every event once."),
-                     feed_acked(feed, every)),
+                 lambda path, feed: normal(path, feed, -1, every),
+                 ("7.open-store", "7.read-limit", "7.resume", "7.resume-drained", "7.handover", "7.db-closed"),
                  faults=["none"], timeout=3.0, guard=5.0)
         saved = make_store(ctx.path("saved.db"), events[: saved_at + 1])
         scenario("a store saved by another process: RESUME from its cursor",
                  call.format(t=3.0) + f" on a store saved at last {saved_at}",
                  f"the feed saw RESUME {saved_at}; {result}; DB closed",
-                 lambda path, feed: both(
-                     feed_resumed(feed, saved_at), resumed(saved_at),
-                     returns(result, "Return state(con) at EOF."), db_closed,
-                     judge_reads(path, store_state(events), "Events at or below the saved cursor are "
-                                                            "duplicates: apply only the new ones."),
-                     feed_acked(feed, every[saved_at + 1:])),
-                 faults=["none"], path=saved, timeout=3.0, guard=5.0)
+                 lambda path, feed: normal(path, feed, saved_at, every[saved_at + 1:]),
+                 ("7.resume", "7.handover", "7.db-closed"), faults=["none"], path=saved, timeout=3.0, guard=5.0)
+        scenario("timeout 1 (an int) is accepted", call.format(t=1) + " on a new file",
+                 f"{result}; DB and socket closed",
+                 lambda path, feed: [under("7.validate-first", returns(result, (
+                     "timeout may be an int: test `type(timeout) in (int, float)` and not bool, finite, > 0."))),
+                     db_closed],
+                 ("7.validate-first",), faults=["none"], timeout=1, guard=5.0)
         for bad in INVALID_TIMEOUTS:
             scenario(f"timeout {bad!r} is refused before anything else", call.format(t=repr(bad)),
-                     "ValueError; no store opened, no connection made",
-                     lambda path, feed: both(raises("ValueError", TIMEOUT_HINT), validated_first(silent)),
-                     timeout=bad, guard=3.0, host=silent.host, port=silent.port)
+                     "ValueError; no store file created, no connection made",
+                     lambda path, feed: [under("7.validate-first", raises("ValueError", TIMEOUT_HINT)),
+                                         validated_first(path, feed)],
+                     ("7.validate-first",), feed=silent, timeout=bad, guard=3.0)
+        garbage = ctx.path("not-a-db.db")
+        garbage.write_bytes(b"this is not a database, just text\n" * 64)
+        scenario("the store file is not a database", call.format(t=3.0) + " on a text file",
+                 "sqlite3.DatabaseError from open_store; no connection made",
+                 lambda path, feed: [under("7.open-store", raises("DatabaseError", (
+                     "Open the store first (open_store(path)) and let its error propagate."))),
+                     store_before_connect(feed)],
+                 ("7.open-store", "7.errors-propagate"), path=garbage, feed=silent, timeout=3.0, guard=5.0)
         scenario("the feed sends a 100-byte line", call.format(t=3.0) + "; the feed's first line has 100 bytes",
                  "ValueError from readline (limit=64), the line never parsed; DB and socket closed",
-                 lambda path, feed: both(
-                     raises_any(("ValueError", "LimitOverrunError"),
-                                "With `limit=64`, readline raises ValueError on a longer line; let it propagate."),
+                 lambda path, feed: [
+                     under("7.read-limit", raises_any(("ValueError", "LimitOverrunError"), (
+                         "With `limit=64`, readline raises ValueError on a longer line; let it propagate."))),
                      dialled_with_limit, never_parsed_long, db_closed, socket_closed,
-                     judge_reads(path, store_state([]), "Apply nothing from an oversized line.")),
-                 faults=["overlong_line"], timeout=3.0, guard=5.0)
-        scenario("nothing listens on the port", call.format(t=3.0) + " to a closed port",
-                 "ConnectionRefusedError; DB closed",
-                 lambda path, feed: both(raises("ConnectionRefusedError", "Let the connection error propagate."),
-                                         db_closed),
-                 timeout=3.0, guard=5.0)
+                     stored([], "Apply nothing from an oversized line.", "7.read-limit")],
+                 ("7.read-limit", "7.db-closed"), faults=["overlong_line"], timeout=3.0, guard=5.0)
+        scenario("nothing listens on the port", call.format(t=3.0) + " to a port that refuses connections",
+                 "ConnectionRefusedError; the store opened first, then closed; no socket left",
+                 lambda path, feed: [
+                     under("7.errors-propagate", raises("ConnectionRefusedError", "Let the connection error "
+                                                                                  "propagate.")),
+                     db_closed, socket_closed, opened_before_connecting(path)],
+                 ("7.errors-propagate", "7.db-closed", "7.open-store"), timeout=3.0, guard=5.0)
         scenario("connecting never completes", call.format(t=0.5) + "; open_connection never returns",
                  "TimeoutError after 0.5 s; DB closed",
-                 lambda path, feed: both(
-                     raises("TimeoutError", "Bound the connect: `await asyncio.wait_for(asyncio.open_connection("
-                                            "host, port, limit=64), timeout)`."),
-                     took(0.5, "Bound open_connection by `timeout`."), db_closed),
-                 dial="hang", timeout=0.5, guard=30.0)
-        scenario("sending RESUME fails", call.format(t=0.5) + "; the drain after RESUME raises ConnectionResetError",
-                 "ConnectionResetError; socket and DB closed",
-                 lambda path, feed: both(raises("ConnectionResetError", "Let the error from drain propagate."),
-                                         socket_closed, db_closed),
-                 dial="fake", drain="raise", timeout=0.5, guard=30.0)
+                 lambda path, feed: [
+                     under("7.connect-bounded", raises("TimeoutError", (
+                         "Bound the connect: `await asyncio.wait_for(asyncio.open_connection(host, port, limit=64), "
+                         "timeout)`."))),
+                     took(0.5, "Bound open_connection by `timeout`.", "7.connect-bounded"), db_closed],
+                 ("7.connect-bounded", "7.db-closed"), dial="hang", timeout=0.5, guard=30.0)
+        scenario("cancelled while connecting", call.format(t=5.0) + "; open_connection never returns; cancelled "
+                                                                    "after 0.05 s",
+                 "CancelledError propagates; DB closed",
+                 lambda path, feed: [cancelled("7.cancel-propagates"), db_closed],
+                 ("7.cancel-propagates", "7.db-closed"), dial="hang", timeout=5.0, guard=30.0, cancel_after=0.05)
+        scenario("sending RESUME fails", call.format(t=3.0) + "; the drain after RESUME raises ConnectionResetError",
+                 "ConnectionResetError; socket and DB closed (the feed sees the connection close)",
+                 lambda path, feed: [under("7.errors-propagate", raises("ConnectionResetError",
+                                                                        "Let the error from drain propagate.")),
+                                     socket_closed, db_closed, feed_saw_close],
+                 ("7.errors-propagate", "7.socket-closed", "7.db-closed"), faults=["stall"], drain="raise",
+                 timeout=3.0, guard=5.0)
         scenario("the drain after RESUME never finishes", call.format(t=0.5) + "; the drain hangs",
                  "TimeoutError after 0.5 s; socket and DB closed",
-                 lambda path, feed: both(raises("TimeoutError", "Bound the drain after RESUME by `timeout`."),
-                                         took(0.5, "Bound the drain after RESUME by `timeout`."),
-                                         socket_closed, db_closed),
-                 dial="fake", drain="hang", timeout=0.5, guard=30.0)
+                 lambda path, feed: [under("7.resume-drained", raises("TimeoutError",
+                                                                      "Bound the drain after RESUME by `timeout`.")),
+                                     took(0.5, "Bound the drain after RESUME by `timeout`.", "7.resume-drained"),
+                                     socket_closed, db_closed],
+                 ("7.resume-drained", "7.socket-closed", "7.db-closed"), dial="fake", drain="hang", timeout=0.5,
+                 guard=30.0)
+        scenario("cancelled while sending RESUME", call.format(t=5.0) + "; the drain hangs; cancelled after 0.05 s",
+                 "CancelledError propagates; socket and DB closed",
+                 lambda path, feed: [cancelled("7.cancel-propagates"), socket_closed, db_closed],
+                 ("7.cancel-propagates", "7.socket-closed", "7.db-closed"), dial="fake", drain="hang", timeout=5.0,
+                 guard=30.0, cancel_after=0.05)
         scenario("before_ack raises at seq 1", call.format(t=3.0) + " where hook(1) raises RuntimeError",
                  "that RuntimeError; seq 1 committed, not ACKed; DB and socket closed",
-                 lambda path, feed: both(
-                     same_error("Let before_ack's own exception propagate."), db_closed, socket_closed,
-                     feed_acked(feed, [0], exact=True),
-                     judge_reads(path, store_state(events[:2]), "Commit, then before_ack, then ACK.")),
-                 faults=["none"], timeout=3.0, guard=5.0, hook_fails_at=1)
+                 lambda path, feed: [
+                     hook_called, same_error("Let before_ack's own exception propagate.", "7.errors-propagate"),
+                     db_closed,
+                     socket_closed, feed_got_acks([0], exact=True),
+                     stored(events[:2], "Commit, then before_ack, then ACK.", "7.handover")],
+                 ("7.errors-propagate", "7.handover", "7.db-closed"), faults=["none"], timeout=3.0, guard=5.0,
+                 hook_fails_at=1)
         scenario("cancelled during the session",
                  call.format(t=3.0) + "; the feed stalls; cancelled 0.05 s after RESUME was written",
                  "CancelledError propagates; DB and socket closed",
-                 lambda path, feed: both(cancelled, db_closed, socket_closed),
-                 faults=["stall"], timeout=3.0, guard=5.0, cancel_after=0.05)
-        run = ctx.child("clients", {"cases": [p.name for p in plans], "scenarios": scenarios})
-        for feed in feeds:
-            feed.wait_idle(2.0)
+                 lambda path, feed: [cancelled("7.cancel-propagates"), db_closed, socket_closed],
+                 ("7.cancel-propagates", "7.db-closed"), faults=["stall"], timeout=3.0, guard=5.0, cancel_after=0.05,
+                 cancel_after_resume=True)
+        return served(ctx, "client", plans, specs, lambda pid, spec: observe_client_case(feeds, pid, spec))
     finally:
         close_feeds(feeds)
-    return judge(run, plans, ctx.timeout)
+        refused.close()
 
 
-def db_closed(record: dict) -> Miss | None:
-    seen = record["observed"]
-    if seen.get("db_left_open"):
-        return Miss(f"{seen['db_left_open']} DB connection(s) still open after run_client ended", DB_CLOSE_HINT)
+def refusing_port() -> socket.socket:
+    """A loopback socket bound to an ephemeral port and never listening: a connection to it is
+    refused, and as long as it stays bound no server can take its port (no race with later feeds)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.bind(("127.0.0.1", 0))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def observe_client_case(feeds: list[Feed], pid: int, spec: dict) -> dict:
+    """After a run_client case: the store as the judge reads it, whether the child still holds the
+    store file or a socket to the case's port, and what the case's feed saw."""
+    path = Path(spec["path"])
+    seen: dict = {"after": snapshot(path), "exists": path.exists(),
+                  "holds_file": os.path.realpath(path) in held_files(pid),
+                  "sockets": held_sockets(pid, spec["port"])}
+    if spec.get("feed") is not None:
+        feed = feeds[spec["feed"]]
+        journal = feed.journal()
+        seen.update(feed_closed=feed_closed(feed, 1, 2.0), resumes=resumes_on(journal), sent=sent_on(journal),
+                    acks=[{"seq": e["seq"], "observed": e.get("observed")} for e in journal if e["kind"] == "ack"])
+    return seen
+
+
+def hook_called(record: dict) -> Miss | None:
+    if not any(e["kind"] == "before_ack" for e in _log(record)):
+        return Miss(f"before_ack was never called ({describe(record['outcome'])})",
+                    "Pass before_ack on: `return await consume_session(reader, writer, con, timeout, before_ack)`.",
+                    clause="7.handover")
     return None
 
 
+def db_closed(record: dict) -> Miss | None:
+    if judged(record).get("holds_file"):
+        return Miss("after run_client ended, the process still held the store file open", DB_CLOSE_HINT,
+                    clause="7.db-closed")
+    left = record["observed"].get("db_left_open")
+    if left:
+        return Miss(f"{left} DB connection(s) still open after run_client ended", DB_CLOSE_HINT, clause="7.db-closed")
+    return None
+
+
+SOCKET_HINT = ("If anything fails before consume_session takes over, close the writer yourself "
+               "(`writer.close()` in an `except BaseException:` before re-raising).")
+
+
 def socket_closed(record: dict) -> Miss | None:
+    sockets = judged(record).get("sockets")
+    if sockets:
+        return Miss(f"after run_client ended, the process still held a socket: {sockets[0]}", SOCKET_HINT,
+                    clause="7.socket-closed")
     if not all(record["observed"].get("sockets_closed", [])):
-        return Miss("the socket was still open after run_client ended",
-                    "If anything fails before consume_session takes over, close the writer yourself "
-                    "(`writer.close()` in an `except BaseException:` before re-raising).")
+        return Miss("the socket was still open after run_client ended", SOCKET_HINT, clause="7.socket-closed")
     return None
 
 
@@ -1318,12 +1716,12 @@ def dialled_with_limit(record: dict) -> Miss | None:
     dials = record["observed"].get("dials", [])
     if not dials:
         return Miss("asyncio.open_connection was never called",
-                    "Connect with `asyncio.open_connection(host, port, limit=64)`.")
+                    "Connect with `asyncio.open_connection(host, port, limit=64)`.", clause="7.read-limit")
     limit = decode(dials[0]["limit"])
     if limit != 64:
         return Miss(f"asyncio.open_connection was called with limit {show(limit)}",
                     "Pass `limit=64`: then readline refuses any line longer than a frame instead of "
-                    "buffering it.")
+                    "buffering it.", clause="7.read-limit")
     return None
 
 
@@ -1332,7 +1730,7 @@ def never_parsed_long(record: dict) -> Miss | None:
     if longest > 64:
         return Miss(f"readline returned the whole line: parse_line received {longest} bytes",
                     "Pass `limit=64` to open_connection: readline then raises ValueError instead of "
-                    "reading an oversized line into memory.")
+                    "reading an oversized line into memory.", clause="7.read-limit")
     return None
 
 
@@ -1346,58 +1744,83 @@ def resumed(last: int):
         if not writes or writes[0][1] != expected:
             first = show(writes[0][1]) if writes else "never made"
             return Miss(f"the first write was {first}; expected {expected!r}",
-                        "Write `b\"RESUME <last>\\n\"` first, with the `last` read from the store.")
+                        "Write `b\"RESUME <last>\\n\"` first, with the `last` read from the store.", clause="7.resume")
         following = [e["kind"] for e in log[writes[0][0] + 1:] if e["kind"] in ("drain", "write")]
         if not following or following[0] != "drain":
             return Miss("RESUME was written but not drained",
-                        "After writing RESUME, `await asyncio.wait_for(writer.drain(), timeout)`.")
+                        "After writing RESUME, `await asyncio.wait_for(writer.drain(), timeout)`.",
+                        clause="7.resume-drained")
         return None
 
     return check
 
 
-def feed_resumed(feed: Feed, last: int):
+def feed_resumed(last: int):
     def check(record: dict) -> Miss | None:
-        got = feed.resumes()
+        got = judged(record).get("resumes", [])
         if got != [last]:
             hint = "Send `RESUME <last>` once, with the last the store saved."
             if got == [-1] and last != -1:
                 hint = ("the feed saw RESUME -1 from a store saved at a later cursor: read `last` from the "
                         "store, never reset it.")
-            return Miss(f"the feed received RESUME {got}; expected [{last}]", hint)
+            said = " then ".join(f"RESUME {n}" for n in got) or "no RESUME at all"
+            return Miss(f"the feed received {said}; expected RESUME {last}", hint, clause="7.resume")
         return None
 
     return check
 
 
-def feed_acked(feed: Feed, seqs: list[int], exact: bool = False):
+def feed_got_acks(seqs: list[int], exact: bool = False):
     """The feed got an ACK for each of `seqs`; a feed may resend more, and those need ACKs too."""
 
     def check(record: dict) -> Miss | None:
-        journal = feed.journal()
-        got, sent = acks_on(journal), sent_on(journal)
+        seen = judged(record)
+        got, sent = [a["seq"] for a in seen.get("acks", [])], seen.get("sent", [])
         if exact:
             if got != seqs:
-                return Miss(f"the feed received ACKs for {got}; expected {seqs}",
-                            "ACK exactly the lines that were committed and passed before_ack.")
+                return Miss(f"the feed received ACKs for {seqs_text(got)}; expected {seqs_text(seqs)}",
+                            "ACK exactly the lines that were committed and passed before_ack.", clause="7.handover")
             return None
         if any(s not in got for s in seqs) or any(s not in got for s in sent):
-            return Miss(f"the feed sent {sent} and received ACKs for {got}",
-                        "ACK every line after its commit, duplicates included.")
+            return Miss(f"the feed sent {seqs_text(sent)} and received ACKs for {seqs_text(got)}",
+                        "ACK every line after its commit, duplicates included.", clause="7.handover")
         return None
 
     return check
 
 
-def validated_first(silent: Feed):
+def validated_first(path: Path, silent: Feed):
     def check(record: dict) -> Miss | None:
         seen = record["observed"]
         if seen.get("dials") or silent.connections():
             return Miss("ValueError, but only after connecting to the feed",
-                        "Validate timeout first, before opening the store or a connection.")
-        if seen.get("db_opened") or seen.get("file_exists"):
-            return Miss("ValueError, but only after opening the store", "Validate timeout first, before "
-                                                                         "open_store(path).")
+                        "Validate timeout first, before opening the store or a connection.",
+                        clause="7.validate-first")
+        if judged(record).get("exists") or seen.get("db_opened"):
+            return Miss("ValueError, but only after opening the store (the judge found the store file created)",
+                        "Validate timeout first, before open_store(path).", clause="7.validate-first")
+        return None
+
+    return check
+
+
+def store_before_connect(silent: Feed):
+    def check(record: dict) -> Miss | None:
+        if record["observed"].get("dials") or silent.connections():
+            return Miss("the store could not be opened, but a connection to the feed was made anyway",
+                        "Open the store first, then connect: open_store(path) before asyncio.open_connection.",
+                        clause="7.open-store")
+        return None
+
+    return check
+
+
+def opened_before_connecting(path: Path):
+    def check(record: dict) -> Miss | None:
+        if not judged(record).get("exists"):
+            return Miss("the connection was refused, and the judge found no store file: the store was not "
+                        "opened before connecting",
+                        "Open the store first (open_store(path)), then connect.", clause="7.open-store")
         return None
 
     return check
@@ -1413,123 +1836,150 @@ def raises_any(names: tuple[str, ...], hint: str):
     return check
 
 
-def _closed_port() -> int:
-    """A loopback port nobody listens on (bound, then closed)."""
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 # --- final check: killed between commit and ACK ---------------------------------------------------
+
+KILL = 1  # the contract's scenario: client #1 dies after commit 1, before ACK 1
+NOT_REACHED_KILL = (f"not checked: client #1 did not die between commit {KILL} and ACK {KILL} (see the first "
+                    "case), so there was no crash to recover from")
 
 
 def check_crash(ctx: StepContext) -> list[Case]:
     rng = ctx.rng
     events = list(enumerate(deltas(rng, rng.randint(4, 7))))
-    kill = rng.randint(1, len(events) - 2)
-    total = sum(d for _, d in events)
     db = ctx.path("vending.db")
     timeline = ctx.evidence.timeline
     timeline.append({"t": time.time(), "actor": "judge", "kind": "setup",
-                     "text": f"feed with {len(events)} events {events}; no store file yet; kill at seq {kill}"})
+                     "text": f"feed with {len(events)} events {events}; no store file yet; kill at seq {KILL}"})
     args = {"db": str(db), "timeout": 3.0, "guard": 6.0, "exit_code": KILL_EXIT_CODE}
     feed = start_feed(events, io_timeout=3.0)
+    second = None
     try:
         args.update(host=feed.host, port=feed.port)
-        first = ctx.child("crash_client", {**args, "kill": kill})
+        first = ctx.child("crash_client", {**args, "kill": KILL})
         feed.wait_idle(2.0)
         after_kill, t_kill = snapshot(db), time.time()
-        second = ctx.child("crash_client", {**args, "kill": None})
-        feed.wait_idle(2.0)
+        died = died_after_commit(first, after_kill, feed.journal(), ctx.timeout)
+        if died.passed:  # only a real crash between commit and ACK has anything to recover from
+            second = ctx.child("crash_client", {**args, "kill": None})
+            feed.wait_idle(2.0)
         after_all, t_end = snapshot(db), time.time()
     finally:
         close_feeds([feed])
     journal = feed.journal()
-    conns1 = _conns_during(journal, first)
-    conns2 = _conns_during(journal, second)
-    j1 = [e for e in journal if e["conn"] in conns1]
-    j2 = [e for e in journal if e["conn"] in conns2]
-    _timeline_process(timeline, "client #1", first, kill, ctx.timeout)
-    _timeline_process(timeline, "client #2", second, None, ctx.timeout)
-    once = after_all is not None and after_all["total"] == total and after_kill is not None
-    _timeline_feed(timeline, journal, conns1, conns2, kill if once else None)
+    j1 = [e for e in journal if e["conn"] in _conns_during(journal, first)]
+    j2 = [e for e in journal if second is not None and e["conn"] in _conns_during(journal, second)]
+    later = recovery_cases(events, after_kill, after_all, j2, second, ctx.timeout) if died.passed else [
+        Case(name, Outcome.NOT_REACHED, called, expected, NOT_REACHED_KILL, clauses=(clause,))
+        for name, called, expected, clause in RECOVERY]
+    recognised = all(c.passed for c in later[1:3])
+    _timeline_process(timeline, "client #1", first, KILL, ctx.timeout)
+    if second is not None:
+        _timeline_process(timeline, "client #2", second, None, ctx.timeout)
+    _timeline_feed(timeline, journal, _conns_during(journal, first),
+                   _conns_during(journal, second) if second is not None else set(), KILL if recognised else None)
     timeline.append({"t": t_kill, "actor": "store", "kind": "snapshot", "text": "after client #1: " + shown(after_kill)})
-    timeline.append({"t": t_end, "actor": "store", "kind": "snapshot", "text": "after client #2: " + shown(after_all)})
+    if second is not None:
+        timeline.append({"t": t_end, "actor": "store", "kind": "snapshot",
+                         "text": "after client #2: " + shown(after_all)})
     timeline.sort(key=lambda e: e["t"])
+    if died.passed:
+        ctx.evidence.faults.append(f"client #1 killed in before_ack at seq {KILL} — exit {KILL_EXIT_CODE} observed, "
+                                   f"seq {KILL} committed, no ACK {KILL} at the feed")
+    if died.passed and recognised:
+        ctx.evidence.faults.append(f"seq {KILL} delivered twice (committed by client #1, resent to client #2) — "
+                                   f"ACKed and counted once")
+    ctx.evidence.ladder.extend(ladder(events, died, after_kill, j1, j2, after_all, second is not None))
+    return [died, *later]
 
-    hooked_at_kill = any(decode(n.get("seq", encode(None))) == kill for n in first.messages()
+
+def died_after_commit(first, after_kill: dict | None, journal: list[dict], timeout: float) -> Case:
+    """Client #1 really died in before_ack(1): exit 73 (the judge's), seq 1 in the file (the
+    judge's read), and no ACK 1 at the feed (the feed's journal). Each claim observed, or it fails."""
+    case = Case(f"client #1 dies in before_ack({KILL}), after commit {KILL} and before ACK {KILL}", Outcome.PASSED,
+                f"run_client(feed, new store, 3.0, before_ack=hook) where hook({KILL}) calls os._exit(73)",
+                f"exit code {KILL_EXIT_CODE}; seq {KILL} in the store; no ACK {KILL} at the feed",
+                clauses=("final.dies-after-commit",))
+    hooked_at_kill = any(decode(n.get("seq", encode(None))) == KILL for n in first.messages()
                          if n.get("kind") == "before_ack")
-    died = Case(f"client #1 dies in before_ack({kill}), after the commit", Outcome.PASSED,
-                f"run_client(feed, new store, 3.0, before_ack=hook) where hook({kill}) calls os._exit(73)",
-                f"exit code {KILL_EXIT_CODE}")
+    acked = [e for e in journal if e["kind"] == "ack" and e["seq"] == KILL and e["conn"] in _conns_during(journal, first)]
+    seqs = [s for s, _ in after_kill["ledger"]] if after_kill else []
     if first.exit_code != KILL_EXIT_CODE or not hooked_at_kill:
         miss = _process_problem(first, "Call before_ack(seq) after each commit, before the ACK; run_client "
-                                       "passes before_ack on to consume_session.", ctx.timeout)
-        died.outcome, died.got, died.hint = miss.outcome, miss.got, miss.hint
-    else:
-        ctx.evidence.faults.append(f"client #1 killed in before_ack at seq {kill} — exit {KILL_EXIT_CODE} observed")
+                                       "passes before_ack on to consume_session.", timeout)
+        case.outcome, case.got, case.hint = miss.outcome, miss.got, miss.hint
+    elif KILL not in seqs or after_kill["last"] < KILL:
+        case.outcome = Outcome.WRONG
+        case.got = (f"client #1 died in before_ack({KILL}) (exit {KILL_EXIT_CODE}), but the judge then read "
+                    f"{shown(after_kill)}: seq {KILL} was not committed")
+        case.hint = ("before_ack(seq) runs after the COMMIT of that seq: call consume_line first, then "
+                     "before_ack(seq), then write the ACK.")
+    elif acked:
+        case.outcome = Outcome.WRONG
+        case.got = (f"the feed received ACK {KILL} from client #1 before it died in before_ack({KILL}): "
+                    f"the ACK went out before before_ack")
+        case.hint = "Call before_ack(seq) after the commit and before writing the ACK."
+    return case
 
-    committed = store_state(events[: kill + 1])
-    survived = Case(f"the commit of seq {kill} survived the kill", Outcome.PASSED,
-                    "the judge reads the store file after client #1 died", shown(committed))
-    resume = Case("client #2 resumes from the saved cursor", Outcome.PASSED,
-                  "run_client(...) again, in a new process, on the same file", f"the feed sees RESUME {kill}")
-    once = Case(f"the resent seq {kill} is ACKed and counted once", Outcome.PASSED,
-                f"the feed resends seq {kill} to client #2", f"ACK {kill} from client #2; total {total}")
-    finished = Case("client #2 finishes with every delta counted exactly once", Outcome.PASSED,
-                    "run_client returns; the judge reads the store file",
-                    f"{(events[-1][0], total)} returned; the store holds {shown(store_state(events))}")
-    later = [survived, resume, once, finished]
-    if not died.passed:
-        for case in later:
-            case.outcome, case.got = Outcome.NOT_REACHED, f"not checked: client #1 did not die in before_ack({kill})"
-        _ladder(ctx, kill, died.passed, after_kill, j1, j2, after_all, events)
-        return [died] + later
 
+RECOVERY = [
+    (f"the commit of seq {KILL} survived the kill", "the judge reads the store file after client #1 died",
+     f"every event up to seq {KILL} committed", "final.commit-survives"),
+    ("client #2 resumes from the saved cursor", "run_client(...) again, in a new process, on the same file",
+     f"the feed sees RESUME {KILL}", "final.resume-cursor"),
+    (f"the resent seq {KILL} is ACKed and counted once", f"the feed resends seq {KILL} to client #2",
+     f"ACK {KILL} from client #2; seq {KILL} counted once", "final.resent-once"),
+    ("client #2 finishes with every delta counted exactly once", "run_client returns; the judge reads the store file",
+     "the final state returned and stored", "final.all-once"),
+]
+
+
+def recovery_cases(events, after_kill, after_all, j2, second, timeout) -> list[Case]:
+    """The four cases after a real crash: each claims only what the judge observed."""
+    total = sum(d for _, d in events)
+    survived, resume, once, finished = (Case(name, Outcome.PASSED, called, expected, clauses=(clause,))
+                                        for name, called, expected, clause in RECOVERY)
+    committed = store_state(events[: KILL + 1])
+    survived.expected = shown(committed)
     if after_kill != committed:
         survived.outcome, survived.got = Outcome.WRONG, f"the judge read {shown(after_kill)}"
-        survived.hint = ("before_ack runs after the COMMIT: everything up to the killed seq must be in the file."
-                         if after_kill is not None and after_kill["last"] < kill else
-                         "Commit the ledger row, the total and the cursor together, once per event.")
+        survived.hint = "Commit the ledger row, the total and the cursor together, once per event."
     resumes2 = resumes_on(j2)
-    if resumes2 != [kill]:
-        resume.outcome = Outcome.WRONG if resumes2 or second.imported else Outcome.DIED
-        resume.got = f"the feed saw RESUME {resumes2} from client #2" if resumes2 else _process_problem(
-            second, "", ctx.timeout).got
+    if resumes2 != [KILL]:
+        if resumes2:
+            resume.outcome = Outcome.WRONG
+            resume.got = "the feed received " + " then ".join(f"RESUME {n}" for n in resumes2) + " from client #2"
+        else:
+            miss = _process_problem(second, "Send `RESUME <last>` with the last the store saved.", timeout)
+            resume.outcome, resume.got = miss.outcome, f"the feed received no RESUME from client #2 ({miss.got})"
         resume.hint = ("the feed saw RESUME -1 from the new process: read `last` from the store, never reset it."
                        if resumes2 == [-1] else "Send `RESUME <last>` with the last the store saved.")
     sent2, acks2 = sent_on(j2), acks_on(j2)
     counted = after_all["total"] if after_all else None
-    if kill not in sent2:
+    if KILL not in sent2:
         once.outcome = Outcome.WRONG
-        once.got = f"the feed sent {sent2} to client #2, not seq {kill} again"
-        once.hint = ("The feed resends every event it has not seen ACKed; if it did not resend "
-                     f"seq {kill} after RESUME {kill}, this is a bug in the course's feed (labkit/feed.py), "
-                     "not in your code: please report it." if resumes2 == [kill] else resume.hint)
-    elif kill not in acks2:
-        once.outcome, once.got = Outcome.WRONG, f"client #2 ACKed {acks2}, not {kill}"
+        once.got = (f"the feed did not send seq {KILL} to client #2 (it sent " + (seqs_text(sent2) or "nothing")
+                    + ")" + (f", after RESUME {resumes2[0]}" if resumes2 else ", as no RESUME came"))
+        once.hint = resume.hint if not resume.passed else "Send `RESUME <last>` with the last the store saved."
+    elif KILL not in acks2:
+        once.outcome = Outcome.WRONG
+        once.got = f"client #2 ACKed {seqs_text(acks2)}, not {KILL}"
         once.hint = "An identical duplicate is ACKed too: apply_event returns False, consume_line still ACKs."
     elif counted != total:
         once.outcome = Outcome.WRONG
-        twice = counted is not None and counted - total == events[kill][1]
-        once.got = f"the total is {counted}" + (f": seq {kill}'s delta {events[kill][1]} was counted twice"
-                                                if twice else "")
+        twice = counted is not None and counted - total == events[KILL][1]
+        once.got = f"the total is {counted}, expected {total}" + (
+            f": seq {KILL}'s delta {events[KILL][1]} was counted twice" if twice else "")
         once.hint = "Look seq up in the ledger: seq <= last with the same delta is a duplicate, not a new event."
+    expected_end = (events[-1][0], total)
+    finished.expected = f"{expected_end} returned; the store holds {shown(store_state(events))}"
     outcome = second.cases().get("run_client", {}).get("outcome")
-    if outcome is None or outcome.get("kind") != "returned" or not same(decode(outcome["value"]),
-                                                                          (events[-1][0], total)):
-        miss = _process_problem(second, "run_client returns state(con) at EOF.", ctx.timeout)
+    if outcome is None or outcome.get("kind") != "returned" or not same(decode(outcome["value"]), expected_end):
+        miss = _process_problem(second, "run_client returns state(con) at EOF.", timeout)
         finished.outcome, finished.got, finished.hint = miss.outcome, miss.got, miss.hint
     elif after_all != store_state(events):
         finished.outcome, finished.got = Outcome.WRONG, f"the judge read {shown(after_all)}"
         finished.hint = "Each event once in the ledger, the total their sum, last the final seq."
-    if once.passed and resume.passed:
-        ctx.evidence.faults.append(f"seq {kill} delivered twice (committed by client #1, resent to client #2) — "
-                                   f"ACKed and counted once")
-    _ladder(ctx, kill, died.passed, after_kill, j1, j2, after_all, events)
-    return [died] + later
+    return [survived, resume, once, finished]
 
 
 def _conns_during(journal: list[dict], run) -> set[int]:
@@ -1570,7 +2020,7 @@ def _timeline_process(timeline: list[dict], label: str, run, kill: int | None, t
     for note in run.messages():
         if note.get("kind") == "before_ack":
             seq = decode(note["seq"])
-            text = f"before_ack({seq})" + (": os._exit(73)" if seq == kill else "")
+            text = f"before_ack({seq}) (as the process reported it)"
             timeline.append({"t": note["t"], "actor": label, "kind": "hook", "text": text})
     killed = kill is not None and run.exit_code == KILL_EXIT_CODE
     timeline.append({"t": run.ended_at, "actor": label, "kind": "killed" if killed else "exit",
@@ -1581,7 +2031,8 @@ def _timeline_process(timeline: list[dict], label: str, run, kill: int | None, t
 def _timeline_feed(timeline: list[dict], journal: list[dict], conns1: set[int], conns2: set[int],
                    recognised: int | None = None) -> None:
     """The feed's journal as timeline events. `recognised`: the killed seq, when the judge saw
-    it counted once although client #2 got it again — its ACK is marked as a duplicate."""
+    it committed before client #2 started, resent, ACKed by client #2 and counted once — only
+    then is that ACK marked as a duplicate."""
     owner = {**{c: "client #1" for c in conns1}, **{c: "client #2" for c in conns2}}
     for e in journal:
         who = owner.get(e["conn"], "unknown client")
@@ -1599,40 +2050,51 @@ def _timeline_feed(timeline: list[dict], journal: list[dict], conns1: set[int], 
         timeline.append({"t": e["t"], "actor": "feed", "kind": e["kind"], "text": f"[{who}] {text}"})
 
 
-def _ladder(ctx, kill, died, after_kill, j1, j2, after_all, events) -> None:
-    ladder = ctx.evidence.ladder
+def ladder(events, died: Case, after_kill, j1, j2, after_all, restarted: bool) -> list[dict]:
+    """The evidence ladder, each rung filled only with what the judge observed (or "not reached")."""
     seqs1 = [s for s, _ in after_kill["ledger"]] if after_kill else []
-    ack1 = [e for e in j1 if e["kind"] == "ack" and e["seq"] == kill]
-    resent = [e for e in j2 if e["kind"] == "sent" and e["seq"] == kill]
-    ack2 = [e for e in j2 if e["kind"] == "ack" and e["seq"] == kill]
+    ack1 = [e for e in j1 if e["kind"] == "ack" and e["seq"] == KILL]
+    resent = [e for e in j2 if e["kind"] == "sent" and e["seq"] == KILL]
+    ack2 = [e for e in j2 if e["kind"] == "ack" and e["seq"] == KILL]
     total = sum(d for _, d in events)
-    ladder.append({"rung": "committed",
-                   "observed": (f"yes: seq {kill} in the ledger, last {after_kill['last']}" if kill in seqs1
-                                else "no: seq {kill} is not in the ledger") if after_kill else "no store to read",
-                   "when": "after client #1 died"})
-    ladder.append({"rung": "ACK sent",
-                   "observed": (f"no: client #1 died in before_ack({kill}) (exit 73) before writing ACK {kill}"
-                                if died else "not observed: client #1 did not die at the hook"),
-                   "when": "client #1"})
-    ladder.append({"rung": "ACK seen by the feed",
-                   "observed": (f"no: the feed has no ACK {kill} from client #1" if not ack1
-                                else f"yes: the feed got ACK {kill} from client #1"),
-                   "when": "client #1's connection"})
-    ladder.append({"rung": "resent",
-                   "observed": (f"yes: the feed sent EVENT {kill} again to client #2" if resent
-                                else f"no: the feed did not send seq {kill} to client #2"),
-                   "when": "client #2's connection"})
-    duplicate = bool(ack2) and after_all is not None and after_all["total"] == total
-    ladder.append({"rung": "recognised as duplicate",
-                   "observed": (f"yes: client #2 ACKed {kill} and the total {after_all['total']} counts it once"
-                                if duplicate else "no"),
-                   "when": "after client #2"})
+    not_restarted = "not reached: client #2 was not started (client #1 did not die between commit and ACK)"
+    if after_kill is None:
+        committed = "no: the judge found no readable store after client #1 ended"
+    elif KILL in seqs1:
+        committed = f"yes: seq {KILL} in the ledger, last {after_kill['last']} (the judge's own read)"
+    else:
+        committed = f"no: seq {KILL} is not in the ledger (the judge read {shown(after_kill)})"
+    if ack1:
+        sent = f"yes: ACK {KILL} reached the feed from client #1 before it died"
+    elif died.passed:
+        sent = f"no: client #1 exited with code {KILL_EXIT_CODE} in before_ack({KILL}) and no ACK {KILL} reached the feed"
+    else:
+        sent = "not observed: client #1 did not die in before_ack"
+    duplicate = bool(ack2) and after_all is not None and after_all["total"] == total and KILL in seqs1
+    return [
+        {"rung": "committed", "observed": committed, "when": "after client #1 ended"},
+        {"rung": "ACK sent", "observed": sent, "when": "client #1"},
+        {"rung": "ACK seen by the feed",
+         "observed": f"yes: the feed got ACK {KILL} from client #1" if ack1 else f"no: the feed has no ACK {KILL} "
+                                                                                  "from client #1",
+         "when": "client #1's connection"},
+        {"rung": "resent",
+         "observed": (not_restarted if not restarted else f"yes: the feed sent EVENT {KILL} again to client #2"
+                      if resent else f"no: the feed did not send seq {KILL} to client #2"),
+         "when": "client #2's connection"},
+        {"rung": "recognised as duplicate",
+         "observed": (not_restarted if not restarted else
+                      f"yes: client #2 ACKed {KILL} and the total {after_all['total']} counts it once" if duplicate
+                      else f"no: {'no ACK ' + str(KILL) + ' from client #2' if not ack2 else 'the total is ' + str(after_all['total'] if after_all else None) + ', expected ' + str(total)}"),
+         "when": "after client #2"},
+    ]
 
 
 LAB = LabSpec(
     name="vending",
     module_name="client",
     probes="checks.vending_probes",
+    contract=CLAUSES,
     steps=[
         StepSpec(1, "parse_line", 1, check_parse),
         StepSpec(2, "open_store / state", 1, check_store),

@@ -126,7 +126,7 @@ def _events_clause(events: Any) -> str | None:
     for seq, delta in events:
         if not 0 <= seq <= SEQ_MAX or not -DELTA_MAX <= delta <= DELTA_MAX:
             return "4.event-ranges"
-    for (before, _), (after, _) in zip(events, events[1:]):
+    for (before, _), (after, _) in zip(events, events[1:], strict=False):
         if after != before + 1:
             return "4.consecutive"
     return None
