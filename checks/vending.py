@@ -679,6 +679,13 @@ def fault_error(record: dict) -> Miss | None:
     return None
 
 
+def interrupt_error(record: dict) -> Miss | None:
+    outcome = record["outcome"]
+    if outcome["kind"] != "raised" or outcome["type"] != "Interrupted" or not record["observed"].get("same_error"):
+        return Miss(describe(outcome), "Let it propagate after the ROLLBACK (a bare `raise`).")
+    return None
+
+
 def jam_error(record: dict) -> Miss | None:
     outcome = record["outcome"]
     if outcome["kind"] != "raised" or "the cursor is jammed" not in outcome.get("message", ""):
@@ -811,6 +818,10 @@ def check_apply(ctx: StepContext) -> list[Case]:
          "fault()'s own RuntimeError; ledger, total and cursor unchanged; no open transaction",
          under("3.original-error", fault_error), history, ("3.rollback", "3.original-error", "3.one-transaction"),
          fault="raise", extra=fault_seen(k + 1, base, d_next))
+    case("fault() raises a BaseException (like KeyboardInterrupt)", history, [k + 1, d_next],
+         "that BaseException propagates; ledger, total and cursor unchanged; no open transaction",
+         under("3.original-error", interrupt_error), history, ("3.rollback", "3.no-open-transaction"),
+         fault="interrupt", extra=fault_seen(k + 1, base, d_next))
     case("updating the cursor fails", history, [k + 1, d_next],
          "sqlite3.IntegrityError 'the cursor is jammed'; nothing changes; no open transaction",
          under("3.original-error", jam_error), history, ("3.rollback", "3.original-error", "3.one-transaction"),
@@ -941,6 +952,11 @@ def check_replay(ctx: StepContext) -> list[Case]:
         ("seqs in reverse", log[::-1], first - 1, 16, "4.consecutive", "seqs ascend."),
         ("a repeated seq", log[:2] + [log[1]] + log[2:], first - 1, 16, "4.consecutive",
          "seqs are consecutive: no repeats."),
+        ("a repeat and a gap that balance out (the count still fits)", log[:2] + [log[1]] + log[3:], first - 1, 16,
+         "4.consecutive", "Compare each seq with the one before it: a count of final - first + 1 can hide a "
+                          "repeat next to a gap."),
+        ("the last event skips a seq", log[:-1] + [(final + 1, log[-1][1])], first - 1, 16, "4.consecutive",
+         "seqs are consecutive up to the last event: each is the previous + 1."),
         ("a bad event past the limit", bad_tail, first - 1, 1, "4.validate-first",
          "Validate all of the input first, also what the limit would cut off."),
         ("a bad event at or below the cursor", bad_head, first + 2, 16, "4.validate-first",
@@ -1065,6 +1081,13 @@ def check_consume_line(ctx: StepContext) -> list[Case]:
 
 
 # --- step 6 -------------------------------------------------------------------------------
+
+# A store that cannot take seq 1: its commit fails, so an ACK 1 reaching the feed can only have
+# been written before the commit. The judge sees that in the feed's journal, whatever the timing.
+REFUSE_SEQ_1 = """
+CREATE TRIGGER store_refuses_seq_1 BEFORE INSERT ON ledger WHEN NEW.seq = 1
+    BEGIN SELECT RAISE(ABORT, 'the store refuses seq 1 (a judge trigger)'); END;
+"""
 
 # Every kind of invalid timeout, in every run: zero and negatives, bools, the non-finite
 # floats, and values of other types.
@@ -1263,9 +1286,11 @@ def check_session(ctx: StepContext) -> list[Case]:
     dbs: dict[int, Path] = {}  # feed connection → the store its client commits to
     call = "consume_session(reader, writer, con, {t}, before_ack=hook)"
 
-    def scenario(label, called, expected, checks, clauses, **spec):
+    def scenario(label, called, expected, checks, clauses, setup="", **spec):
         """One case on a store of its own; `checks(db, conn)` builds its checks (conn: its feed connection)."""
         db = make_store(ctx.path(f"s{len(specs)}.db"))
+        if setup:
+            stores.execute(db, setup)
         conn = None
         if spec["io"] == "feed":
             faults.append(spec.pop("fault"))
@@ -1274,12 +1299,11 @@ def check_session(ctx: StepContext) -> list[Case]:
         specs.append({"db": str(db), "timeout": encode(spec.pop("timeout")), "conn": conn, **spec})
         plans.append(Plan(label, called, expected, both(*checks(db, conn), db_kept_open), clauses=clauses))
 
-    def feed_acked(seqs: list[int]):
+    def feed_acked(seqs: list[int], hint: str = "Send exactly one `ACK <seq>\\n` per committed line, and drain it."):
         def check(record: dict) -> Miss | None:
             got = [a["seq"] for a in judged(record).get("acks", [])]
             if got != seqs:
-                return Miss(f"the feed received ACKs for {seqs_text(got)}; expected {seqs_text(seqs)}",
-                            "Send exactly one `ACK <seq>\\n` per committed line, and drain it.",
+                return Miss(f"the feed received ACKs for {seqs_text(got)}; expected {seqs_text(seqs)}", hint,
                             clause="6.hook-before-ack")
             return None
 
@@ -1343,6 +1367,16 @@ def check_session(ctx: StepContext) -> list[Case]:
                  committed(db, events[:2], "Commit before calling before_ack.", "6.commit-before-hook")],
              ("6.errors-propagate", "6.commit-before-hook", "6.hook-before-ack"),
              io="feed", fault="none", timeout=3.0, guard=5.0, hook_fails_at=1)
+    scenario("the store refuses to commit seq 1", call.format(t=3.0) + "; a trigger makes inserting seq 1 fail",
+             "sqlite3's IntegrityError; the feed gets ACK 0 and no ACK 1; writer closed",
+             lambda db, conn: [
+                 under("6.errors-propagate", raises("IntegrityError", "Let sqlite3's own error propagate out of "
+                                                                      "consume_session.")),
+                 feed_acked([0], "An ACK says 'committed': a line whose commit failed gets none. Write the ACK "
+                                 "only after consume_line returned."),
+                 closed, feed_saw_close, committed(db, events[:1], "Apply seq 0 only.", "6.errors-propagate")],
+             ("6.hook-before-ack", "6.errors-propagate"), io="feed", fault="none", timeout=3.0, guard=5.0,
+             setup=REFUSE_SEQ_1)
     scenario("cancelled while waiting for a line", call.format(t=5.0) + "; the feed stalls; cancelled after 0.02 s",
              "CancelledError propagates; writer closed",
              lambda db, conn: [cancelled("6.cancel-propagates"), closed, feed_saw_close],

@@ -63,6 +63,10 @@ def peek(db: str) -> dict | None:
     return {"last": row[0], "total": row[1], "ledger": [list(r) for r in ledger]}
 
 
+class Interrupted(BaseException):
+    """What a fault() raises to stand for KeyboardInterrupt or a cancellation: not an Exception."""
+
+
 def in_transaction(con: sqlite3.Connection) -> bool | None:
     """`con.in_transaction`, or None when the student's code closed the connection."""
     try:
@@ -151,13 +155,16 @@ def store_call(mod, case: dict, cleanup: list) -> tuple[dict, dict]:
 
     def fault():
         faults.append({"in_transaction": in_transaction(con), "inside": _inside(con), "outside": peek(db)})
-        if mode == "raise":
-            error = RuntimeError(f"the vending arm jammed {INJECTED}")
+        if mode in ("raise", "interrupt"):
+            error = (RuntimeError if mode == "raise" else Interrupted)(f"the vending arm jammed {INJECTED}")
             raised.append(error)
             raise error
 
     kwargs = {"fault": fault} if mode else {}
-    outcome, error = probe.call_keep(probe.function(mod, case["fn"]), con, *values, **kwargs)
+    try:
+        outcome, error = probe.call_keep(probe.function(mod, case["fn"]), con, *values, **kwargs)
+    except Interrupted as interrupt:  # a BaseException is a failure too: it must roll back like any other
+        outcome, error = probe.describe_exception(interrupt), interrupt
     kept = [error]
     cleanup.append(kept.clear)
     return outcome, {"received": probe.received(values), "in_transaction": in_transaction(con),
@@ -296,6 +303,15 @@ class SpyWriter:
         self._rec.note("write", data=encode(data), last_committed=self._rec.last_committed())
         if self._real is not None:
             self._real.write(data)
+
+    def writelines(self, data) -> None:
+        for chunk in data:
+            self.write(chunk)
+
+    def write_eof(self) -> None:
+        self._rec.note("write_eof")
+        if self._real is not None:
+            self._real.write_eof()
 
     def drain(self):
         self._rec.note("drain")  # noted when called: wait_for(drain(), 0) may never run it
