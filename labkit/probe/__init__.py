@@ -104,17 +104,21 @@ SIZED = (str, bytes, bytearray, list, dict, tuple)
 
 
 def received(values: list) -> list[dict]:
-    """What a call is about to receive, per argument: its exact type name and, for str, bytes,
-    bytearray, list, dict and tuple, its length. Reported under the observation key
-    `received` by every probe that passes arguments, so a test can check that a case called
-    "a bytearray of 65 bytes" really sent one."""
-    out = []
-    for value in values:
-        seen = {"type": type(value).__name__}
-        if type(value) in SIZED:
-            seen["len"] = len(value)
-        out.append(seen)
-    return out
+    """What a call is about to receive, per argument: its exact type name; for str, bytes,
+    bytearray, list, dict and tuple its length; for a dict, the same for each value under a
+    str key ("items"). Reported under the observation key `received` by every probe that
+    passes arguments, so a test can check that a case called "a bytearray", "65 bytes" or
+    "id has 65 characters" really sent one."""
+    return [_seen(value, nested=True) for value in values]
+
+
+def _seen(value: Any, nested: bool = False) -> dict:
+    seen: dict[str, Any] = {"type": type(value).__name__}
+    if type(value) in SIZED:
+        seen["len"] = len(value)
+    if nested and type(value) is dict:
+        seen["items"] = {key: _seen(item) for key, item in value.items() if type(key) is str}
+    return seen
 
 
 def call_observed(fn: Callable | None, values: list) -> tuple[dict, dict]:
