@@ -160,3 +160,121 @@ def replay(events: Any, last: Any, limit: Any) -> list[tuple[int, int]]:
         raise ValueError(clause)
     start = last - events[0][0] + 1  # events are consecutive: seq s sits at index s - first
     return list(events[start:start + limit])
+
+
+# --- Hypothesis strategies near every clause (imported lazily: Hypothesis costs ~0.2 s) --------
+
+SEQ_EDGES = (0, 1, 7, 9, 10, 99, 2_147_483_646, SEQ_MAX, SEQ_MAX + 1, 9_999_999_999, 10_000_000_000)
+DELTA_EDGES = (0, 1, -1, 9, -9, 10, -10, 999, -999, 1000, -1000, 1001, -1001, 9999)
+KEYWORDS = (b"EVENT", b"event", b"Event", b"EVENTS", b"EVEN", b"XEVENT", b"EVENT\t", b"ACK", b"")
+SEPARATORS = (b" ", b"  ", b"\t", b"\x0b", b"\x0c", b"\r", b"\x1c", b"\x1f", b"", b"\xc2\xa0", b"\xa0")
+ENDINGS = (b"\n", b"", b"\r\n", b"\r", b"\n\n", b" \n", b"\t\n", b"\x0c\n", b"\n ", b"\nEVENT 1 1\n")
+FOREIGN_DIGITS = ("\u0660", "\u0665", "\uff17", "\u0967", "\u00b2", "\u09e7")
+
+
+def frames():
+    """One-argument tuples for parse_line: valid frames at every bound, and each kind of near-miss
+    (one or two changes to a valid frame), plus other types and raw bytes. Shrinks towards the
+    plain frame `EVENT 0 0\\n` and the fewest changes."""
+    from hypothesis import strategies as st
+
+    seqs = st.one_of(st.sampled_from(SEQ_EDGES), st.integers(0, SEQ_MAX + 2))
+    deltas = st.one_of(st.sampled_from(DELTA_EDGES), st.integers(-1002, 1002))
+
+    @st.composite
+    def field(draw, value: int) -> bytes:
+        text = str(value)
+        change = draw(st.sampled_from(("none", "zero", "plus", "minus", "underscore", "foreign", "space",
+                                       "hex", "point")))
+        if change == "zero":
+            return (b"-0" + text[1:].encode()) if text.startswith("-") else b"0" + text.encode()
+        if change == "plus":
+            return b"+" + text.encode()
+        if change == "minus":
+            return b"-" + text.encode()
+        if change == "underscore" and len(text.lstrip("-")) > 1:
+            return (text[:-1] + "_" + text[-1]).encode()
+        if change == "foreign":
+            digit = draw(st.sampled_from(FOREIGN_DIGITS))
+            return (text[:-1] + digit).encode()
+        if change == "space":
+            return draw(st.sampled_from((b" ", b"\t"))) + text.encode()
+        if change == "hex":
+            return b"0x" + format(abs(value), "x").encode()
+        if change == "point":
+            return text.encode() + b".0"
+        return text.encode()
+
+    @st.composite
+    def near(draw) -> bytes:
+        """A valid frame with at most one change of each drawn kind (none, most often)."""
+        kinds = draw(st.lists(st.sampled_from(("keyword", "separator", "ending", "extra", "padding", "seq",
+                                                "delta")), max_size=2, unique=True))
+        seq = draw(field(draw(seqs))) if "seq" in kinds else str(draw(seqs)).encode()
+        delta = draw(field(draw(deltas))) if "delta" in kinds else str(draw(deltas)).encode()
+        keyword = draw(st.sampled_from(KEYWORDS)) if "keyword" in kinds else b"EVENT"
+        first, second = b" ", b" "
+        if "separator" in kinds:
+            if draw(st.booleans()):
+                first = draw(st.sampled_from(SEPARATORS))
+            else:
+                second = draw(st.sampled_from(SEPARATORS))
+        ending = draw(st.sampled_from(ENDINGS)) if "ending" in kinds else b"\n"
+        extra = draw(st.sampled_from((b" 9", b" ", b"\x00", b" -"))) if "extra" in kinds else b""
+        line = keyword + first + seq + second + delta + extra + ending
+        if "padding" in kinds:
+            line = line[:6] + b"0" * draw(st.integers(40, 60)) + line[6:]
+        return line
+
+    others = st.sampled_from(("EVENT 7 5\n", None, 7, bytearray(b"EVENT 7 5\n"), [b"EVENT 7 5\n"], 7.5))
+    return st.one_of(near(), near(), near(), st.binary(max_size=70), others).map(lambda line: (line,))
+
+
+def replay_args():
+    """(events, last, limit) for replay: logs at every bound (1 and 128 events, seqs up to the
+    largest, deltas at ±1000/±1001) with cursors and limits around their bounds, and each kind of
+    broken log (a tuple, lists, bools, floats, a gap, a repeat, a reversal, an empty log)."""
+    from hypothesis import strategies as st
+
+    @st.composite
+    def args(draw) -> tuple:
+        length = draw(st.one_of(st.sampled_from((1, 2, 3, 16, 17, 128, 129)), st.integers(1, 20)))
+        first = draw(st.one_of(st.sampled_from((0, 1, 10, SEQ_MAX - length + 1)), st.integers(0, 1000)))
+        deltas = [draw(st.one_of(st.sampled_from((0, 1, -1, 1000, -1000, 1001, -1001)),
+                                 st.integers(-1000, 1000))) if i < 3 else 0 for i in range(length)]
+        events: Any = [(first + i, d) for i, d in enumerate(deltas)]
+        final = events[-1][0]
+        change = draw(st.sampled_from(("none",) * 6 + ("tuple", "list item", "bool", "float", "gap", "repeat",
+                                                        "reverse", "empty", "three fields", "past max",
+                                                        "balanced", "last skips")))
+        if change == "tuple":
+            events = tuple(events)
+        elif change == "list item":
+            events[0] = list(events[0])
+        elif change == "bool" and events[0][0] in (0, 1):
+            events[0] = (bool(events[0][0]), events[0][1])
+        elif change == "float":
+            events[-1] = (float(events[-1][0]), events[-1][1])
+        elif change == "gap" and len(events) > 2:
+            events = events[:1] + events[2:]
+        elif change == "repeat":
+            events = events[:1] + events
+        elif change == "reverse" and len(events) > 1:
+            events = events[::-1]
+        elif change == "empty":
+            events = []
+        elif change == "three fields":
+            events[0] = (*events[0], 0)
+        elif change == "past max":
+            events = [(SEQ_MAX + 1 - len(events) + i, d) for i, (_s, d) in enumerate(events)] + [(SEQ_MAX + 1, 0)]
+        elif change == "balanced" and len(events) > 3:
+            events = events[:2] + [events[1]] + events[3:]
+        elif change == "last skips" and len(events) > 1:
+            events[-1] = (events[-1][0] + 1, events[-1][1])
+        last = draw(st.one_of(st.sampled_from((-2, -1, first - 2, first - 1, first, final - 1, final, final + 1,
+                                               SEQ_MAX, SEQ_MAX + 1, True)),
+                              st.integers(first - 3, final + 2)))
+        limit = draw(st.one_of(st.sampled_from((-1, 0, 1, 2, 15, 16, 17, True, 2.0, None)), st.integers(1, 16)))
+        return events, last, limit
+
+    return args()
