@@ -1,4 +1,4 @@
-"""Wrong: open_store commits only when it inserted the checkpoint row, so opening a saved store leaves its transaction open. Fails step 2. Clause: 2.no-open-transaction. Message: open_store returned with a transaction still open"""
+"""Wrong: open_store commits only when it inserted the checkpoint row, so opening a saved store leaves its transaction open. Fails step 2. Clause: 2.no-open-transaction. Message: a write lock was still held"""
 
 # --- provided code -----------------------------------------------
 import asyncio
