@@ -240,7 +240,8 @@ def equivalents(lab: str) -> set[tuple[str, str, str, str]]:
     found = set()
     if EQUIVALENT.is_file():
         for line in EQUIVALENT.read_text().splitlines():
-            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            # a `|` inside a cell (a mutant of `a | b`) is written `\|`, as Markdown tables want
+            cells = [c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", line.strip().strip("|"))]
             if len(cells) >= 6 and cells[0] == lab:
                 found.add((cells[1], cells[2], cells[3].strip("`"), cells[4].strip("`")))
     return found

@@ -800,6 +800,13 @@ def check_apply(ctx: StepContext) -> list[Case]:
          module_exception("Conflict", conflict, "3.conflict"), one, ("3.conflict", "3.exceptions"))
     case("an old seq with another delta", history, [old_seq, old_other], "Conflict; nothing changes",
          module_exception("Conflict", conflict, "3.conflict"), history, ("3.conflict", "3.exceptions"))
+    # Both directions, in every run: a comparison that only catches a larger (or a smaller) delta fails one.
+    fixed = [(0, 500)]
+    for label, other_delta in (("seq 0 (delta 500) again with delta 501", 501),
+                               ("seq 0 (delta 500) again with delta 499", 499),
+                               ("seq 0 (delta 500) again with delta -500", -500)):
+        case(label, fixed, [0, other_delta], "Conflict; nothing changes",
+             module_exception("Conflict", conflict, "3.conflict"), fixed, ("3.conflict",))
     pruned = {**store_state(history), "ledger": [list(e) for e in history[:1] + history[2:]]}
     case("an old seq the ledger does not hold", history, [1, history[1][1]], "Conflict; nothing changes",
          module_exception("Conflict", "seq <= last but no ledger row for it: that is a Conflict too (the "
