@@ -236,12 +236,12 @@ def execute(folders: list[Path]) -> None:
 
 def equivalents(lab: str) -> set[tuple[str, str, str, str]]:
     """(function, operator, line before, line after) of each survivor judged equivalent for `lab`:
-    rows `| lab | function | operator | `before` | `after` | why |` of tests/mutation/equivalent.md."""
+    rows `| lab | function | operator | `before` | `after` | why |` of tests/mutation/equivalent.md
+    (a `|` inside a cell is written `\\|`)."""
     found = set()
     if EQUIVALENT.is_file():
         for line in EQUIVALENT.read_text().splitlines():
-            # a `|` inside a cell (a mutant of `a | b`) is written `\|`, as Markdown tables want
-            cells = [c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", line.strip().strip("|"))]
+            cells = [c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", line.strip())[1:-1]]
             if len(cells) >= 6 and cells[0] == lab:
                 found.add((cells[1], cells[2], cells[3].strip("`"), cells[4].strip("`")))
     return found

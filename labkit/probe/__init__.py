@@ -12,6 +12,7 @@ import importlib
 import json
 import os
 import sqlite3
+import time
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -147,7 +148,8 @@ def serve(module: ModuleType, args: dict) -> None:
 
     Reads JSON lines from the private request pipe (LABKIT_REQUEST_FD) until the judge closes
     it: `{"id": n, "fn": "parse_line", "args": [<encoded>...], "adapter": "checks.x_probes:f"}`.
-    Replies `{"event": "reply", "id": n, "outcome": <as call()>, "observed": <as call_observed()>}`.
+    Replies `{"event": "reply", "id": n, "outcome": <as call()>, "observed": <as call_observed(),
+    plus "cpu": the CPU seconds the call used>}`.
     Without an adapter it calls `module.fn(*args)`; with one it calls `adapter(fn, *args)`, so
     a lab can build in the child what cannot cross the pipe (a `random.Random(seed)`, a
     connection) before calling the student's function. A missing function is reported as
@@ -164,7 +166,10 @@ def serve(module: ModuleType, args: dict) -> None:
                     target_module, _, target = name.partition(":")
                     adapters[name] = getattr(importlib.import_module(target_module), target)
                 fn = functools.partial(adapters[name], fn)
-            outcome, observed = call_observed(fn, [decode(a) for a in request["args"]])
+            values = [decode(a) for a in request["args"]]
+            started = time.process_time()
+            outcome, observed = call_observed(fn, values)
+            observed["cpu"] = time.process_time() - started  # seconds of CPU, not of waiting
             emit({"event": "reply", "id": request["id"], "outcome": outcome, "observed": observed})
 
 
