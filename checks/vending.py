@@ -248,9 +248,12 @@ def served(ctx: StepContext, kind: str, plans: list[Plan], specs: list[dict],
                        module_name=ctx.lab.module_name, probe=f"{ctx.lab.probes}:serve") as session:
         for plan, spec in zip(plans, specs, strict=True):
             left = deadline - time.monotonic()
-            if not session.imported or left <= 0:
+            if not session.imported:
                 break
             records.append({"event": "start", "case": plan.name})
+            if left <= 0:  # the step's budget is spent: this case is where it ran out
+                session.run.timed_out = True
+                break
             reply = session.call({"kind": kind, "case": spec},
                                  timeout=min(left, spec.get("guard", 0) + call_timeout))
             if reply["outcome"].get("kind") in ("timed_out", "died", "aborted"):
@@ -1562,9 +1565,10 @@ def observe_feed_case(feed: Feed, pid: int, spec: dict) -> dict:
     conn = spec.get("conn")
     if conn is None:
         return {}
-    ended = feed_closed(feed, conn, 2.0)
+    sockets = held_sockets(pid, feed.port)
+    ended = feed_closed(feed, conn, 0.0 if sockets else 2.0)  # a socket still held: no EOF is coming
     journal = [e for e in feed.journal() if e["conn"] == conn]
-    return {"feed_closed": ended, "sockets": held_sockets(pid, feed.port),
+    return {"feed_closed": ended, "sockets": sockets,
             "acks": [{"seq": e["seq"], "observed": e.get("observed")} for e in journal if e["kind"] == "ack"]}
 
 
@@ -1748,8 +1752,9 @@ def observe_client_case(feeds: list[Feed], pid: int, spec: dict) -> dict:
                   "sockets": held_sockets(pid, spec["port"])}
     if spec.get("feed") is not None:
         feed = feeds[spec["feed"]]
+        ended = feed_closed(feed, 1, 0.0 if seen["sockets"] else 2.0)  # a socket still held: no EOF is coming
         journal = feed.journal()
-        seen.update(feed_closed=feed_closed(feed, 1, 2.0), resumes=resumes_on(journal), sent=sent_on(journal),
+        seen.update(feed_closed=ended, resumes=resumes_on(journal), sent=sent_on(journal),
                     acks=[{"seq": e["seq"], "observed": e.get("observed")} for e in journal if e["kind"] == "ack"])
     return seen
 

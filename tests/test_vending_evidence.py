@@ -16,6 +16,7 @@ import random
 import re
 import socket
 from pathlib import Path
+from unittest.mock import patch
 
 import pytest
 from catalogue import failures
@@ -65,9 +66,16 @@ class Capture:
         return []
 
 
-def step_cases(check, seed: int = 1) -> list[tuple]:
+def captured(check, seed: int = 1) -> Capture:
+    """Run a pure step's check on a stand-in context: its plans and calls, no child, no property test."""
     ctx = Capture(seed)
-    check(ctx)
+    with patch.object(vending, "differential", lambda *args, **kwargs: []):
+        check(ctx)
+    return ctx
+
+
+def step_cases(check, seed: int = 1) -> list[tuple]:
+    ctx = captured(check, seed)
     return [(p, [decode(a) for a in c["args"]]) for p, c in zip(ctx.plans, ctx.args["calls"], strict=True)]
 
 
@@ -76,8 +84,7 @@ def step_cases(check, seed: int = 1) -> list[tuple]:
 
 def test_every_step_1_case_sends_what_its_name_says(tmp_path):
     """Run the step's own calls in a real child and read what each call received there."""
-    ctx = Capture(1)
-    vending.check_parse(ctx)
+    ctx = captured(vending.check_parse)
     marker = reaper.new_marker()
     try:
         run = run_child(REFERENCE, "labkit.probe:calls", ctx.args, workdir=tmp_path, timeout=20, marker=marker,
