@@ -1566,10 +1566,19 @@ def observe_feed_case(feed: Feed, pid: int, spec: dict) -> dict:
     if conn is None:
         return {}
     sockets = held_sockets(pid, feed.port)
-    ended = feed_closed(feed, conn, 0.0 if sockets else 2.0)  # a socket still held: no EOF is coming
+    settled(feed, sockets)
+    ended = feed_closed(feed, conn, 0.0)
     journal = [e for e in feed.journal() if e["conn"] == conn]
     return {"feed_closed": ended, "sockets": sockets,
             "acks": [{"seq": e["seq"], "observed": e.get("observed")} for e in journal if e["kind"] == "ack"]}
+
+
+def settled(feed: Feed, sockets: list[str]) -> None:
+    """Let the feed catch up with what the child did: when the child holds no socket to it, wait
+    (bounded) until the feed has no connection open or waiting to be accepted, so a close the
+    child made is in the journal. A socket still held means no EOF is coming: no wait."""
+    if not sockets:
+        feed.wait_idle(5.0)
 
 
 def feed_closed(feed: Feed, conn: int, seconds: float) -> str | None:
@@ -1752,8 +1761,8 @@ def observe_client_case(feeds: list[Feed], pid: int, spec: dict) -> dict:
                   "sockets": held_sockets(pid, spec["port"])}
     if spec.get("feed") is not None:
         feed = feeds[spec["feed"]]
-        # No connection, or a socket the child still holds: no EOF is coming, don't wait for one.
-        ended = feed_closed(feed, 1, 0.0 if seen["sockets"] or not feed.connections() else 2.0)
+        settled(feed, seen["sockets"])
+        ended = feed_closed(feed, 1, 0.0)
         journal = feed.journal()
         seen.update(feed_closed=ended, resumes=resumes_on(journal), sent=sent_on(journal),
                     acks=[{"seq": e["seq"], "observed": e.get("observed")} for e in journal if e["kind"] == "ack"])
