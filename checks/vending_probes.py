@@ -409,7 +409,7 @@ async def _cancel_later(task: asyncio.Task, case: dict, rec: Recorder) -> None:
     task.cancel()
 
 
-async def _parked(task: asyncio.Task, rec: Recorder, longest: float = 2.0) -> None:
+async def _parked(task: asyncio.Task, rec: Recorder, longest: float = 4.0) -> None:
     """Wait until the client has written its RESUME (it then waits for the stalled feed).
 
     Cancelling earlier could land while `wait_for(open_connection(...))` completes, and
