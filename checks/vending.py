@@ -97,16 +97,28 @@ def resumes_on(journal: list[dict]) -> list[int]:
     return [e["last"] for e in journal if e["kind"] == "resume"]
 
 
-def deltas(rng: random.Random, n: int) -> list[int]:
-    """Random non-zero deltas, so counting one twice always shows in the total."""
-    return [rng.choice((-1, 1)) * rng.randint(1, 1000) for _ in range(n)]
+def deltas(rng: random.Random, n: int, start: int = 0) -> list[int]:
+    """Random non-zero deltas, so counting one twice always shows in the total.
+
+    A stock that goes in and out: applied in order from a total of `start`, the running total
+    never drops below zero (a snack machine with thousands of snacks below zero reads as a bug
+    in the course). The contract's negative bounds have cases of their own."""
+    values, total = [], start
+    for _ in range(n):
+        if total >= 1 and rng.random() < 0.5:
+            delta = -rng.randint(1, min(1000, total))
+        else:
+            delta = rng.randint(1, 1000)
+        values.append(delta)
+        total += delta
+    return values
 
 
 def distinct_history(rng: random.Random, n: int) -> list[tuple[int, int]]:
     """Events 0..n-1 whose total differs from the last seq, so (total, last) swapped always shows."""
     values = deltas(rng, n)
-    if sum(values) == n - 1:
-        values[0] = -values[0]  # changes the sum by 2*|delta| != 0
+    while sum(values) == n - 1:  # rare: draw again rather than bend the walk below zero
+        values = deltas(rng, n)
     return list(enumerate(values))
 
 
@@ -710,7 +722,8 @@ def check_apply(ctx: StepContext) -> list[Case]:
     rng = ctx.rng
     history = distinct_history(rng, rng.randint(3, 6))
     k = history[-1][0]
-    d0, d1, d_next, d_far = deltas(rng, 4)
+    d0, d1 = deltas(rng, 2)
+    d_next, d_far = deltas(rng, 2, start=sum(d for _, d in history))
     other = d0 + 1 if d0 < 1000 else d0 - 1
     old_seq, old_delta = history[rng.randrange(len(history) - 1)]
     old_other = old_delta + 1 if old_delta < 1000 else old_delta - 1
@@ -719,15 +732,15 @@ def check_apply(ctx: StepContext) -> list[Case]:
 
     def case(label: str, applied: list[tuple[int, int]], args: list, expected: str, outcome_check,
              after: list[tuple[int, int]] | dict, clauses: tuple[str, ...], *, fault: str | None = None,
-             extra=None, setup: str = "", hint: str = "") -> None:
+             extra=None, setup: str = "", hint: str = "", state_hint: str = "") -> None:
         """One call on a store of its own, prepared by the judge as a correct client would have left it."""
         db = make_store(ctx.path(f"apply{len(plans)}.db"), applied)
         if setup:
             stores.execute(db, setup)
         kept = after if isinstance(after, dict) else store_state(after)
-        state_hint = ("Change nothing when the call is refused or fails: ROLLBACK, then raise."
-                      if after is applied or isinstance(after, dict) else "Insert the ledger row, add delta to the total, set last = seq, "
-                                               "then COMMIT.")
+        state_hint = state_hint or ("Change nothing when the call is refused or fails: ROLLBACK, then raise."
+                                    if after is applied or isinstance(after, dict) else
+                                    "Insert the ledger row, add delta to the total, set last = seq, then COMMIT.")
         main = clauses[0]
         checks = [outcome_check, under("3.no-open-transaction", no_open_transaction)]
         if extra is not None:
@@ -774,8 +787,11 @@ def check_apply(ctx: StepContext) -> list[Case]:
          in_range("seq ranges up to 2147483647, that value included."), top + [(SEQ_MAX, d1)], ("3.ranges",))
     case("delta 1000 (the largest)", one, [1, 1000], "True; the event applied",
          in_range("delta ranges from -1000 to 1000, both included."), one + [(1, 1000)], ("3.ranges",))
-    case("delta -1000 (the smallest)", one, [1, -1000], "True; the event applied",
-         in_range("delta ranges from -1000 to 1000, both included."), one + [(1, -1000)], ("3.ranges",))
+    low = [(0, rng.randint(1, 999))]  # so the smallest delta always takes the total below zero
+    case("delta -1000 (the smallest), the total going below zero", low, [1, -1000], "True; the event applied",
+         in_range("delta ranges from -1000 to 1000, both included."), low + [(1, -1000)], ("3.ranges",),
+         state_hint="The total is a plain sum of the deltas: it may go below zero (a refund, a correction), "
+                    "so never clamp it. Insert the ledger row, add delta, set last = seq, then COMMIT.")
     for label, args, clause, hint in (
         ("delta 1001", [k + 1, 1001], "3.ranges", RANGE_HINT),
         ("delta -1001", [k + 1, -1001], "3.ranges", RANGE_HINT),
@@ -1078,9 +1094,9 @@ def check_consume_line(ctx: StepContext) -> list[Case]:
     case("a new frame", [], b"EVENT 0 %d\n" % d0, "b'ACK 0\\n'; the commit visible to another connection",
          both(visible_ack(0, store_state(one), "5.ack-format"), under("5.ack-format", no_open_transaction)),
          ("5.ack-format", "5.visible-at-ack"), one)
-    case("the largest seq", [(SEQ_MAX - 1, d1)], b"EVENT %d %d\n" % (SEQ_MAX, d0), "b'ACK 2147483647\\n'",
-         visible_ack(SEQ_MAX, store_state([(SEQ_MAX - 1, d1), (SEQ_MAX, d0)]), "5.ack-format"), ("5.ack-format",),
-         [(SEQ_MAX - 1, d1), (SEQ_MAX, d0)])
+    case("the largest seq", [(SEQ_MAX - 1, d0)], b"EVENT %d %d\n" % (SEQ_MAX, d1), "b'ACK 2147483647\\n'",
+         visible_ack(SEQ_MAX, store_state([(SEQ_MAX - 1, d0), (SEQ_MAX, d1)]), "5.ack-format"), ("5.ack-format",),
+         [(SEQ_MAX - 1, d0), (SEQ_MAX, d1)])
     case("the same frame again", one, b"EVENT 0 %d\n" % d0,
          "b'ACK 0\\n' again (a duplicate is ACKed too); nothing changes",
          both(visible_ack(0, store_state(one), "5.duplicate-acked"), no_open_transaction), ("5.duplicate-acked",), one,
