@@ -23,6 +23,7 @@ import psutil
 
 from checks.oracles import vending as oracle
 from checks.vending_contract import CLAUSES
+from checks.vending_witness import FaultWitness
 from labkit.judge import expect, stores
 from labkit.judge.child import child_session
 from labkit.judge.differential import differential
@@ -608,6 +609,25 @@ def observe_store(pid: int, spec: dict) -> dict:
             "after": snapshot(path)}
 
 
+def look_mid_transaction(path: Path) -> dict:
+    """While fault() waits: is the store write-locked, and what is committed? (The judge's own
+    connections; `checks/vending_witness.py` calls this.)"""
+    try:
+        locked = not can_write(path)
+    except sqlite3.DatabaseError:
+        locked = None
+    return {"write_locked": locked, "outside": snapshot(path)}
+
+
+def served_with_witness(ctx: StepContext, plans: list[Plan], specs: list[dict]) -> list[Case]:
+    """Store calls whose fault() is watched from the judge's side while it runs."""
+    with FaultWitness([Path(s["db"]) for s in specs], look_mid_transaction) as witness:
+        for spec in specs:
+            spec["witness"] = witness.address
+        return served(ctx, "call", plans, specs,
+                      lambda pid, spec: {**observe_store(pid, spec), "faults": witness.calls(spec["db"])})
+
+
 def closed_after_failure(record: dict) -> Miss | None:
     """Initialisation failed: sqlite3's own error, and no connection to the file left open."""
     miss = raises("DatabaseError", "Let sqlite3's own error propagate (a bare `raise` after closing).")(record)
@@ -664,25 +684,24 @@ def fault_seen(seq: int, before: dict, delta: int, clause: str | None = None):
         miss = seen(record)
         if miss is not None and clause:
             miss.clause = clause
-            if not record["observed"].get("faults"):
+            if not judged(record).get("faults"):
                 miss.hint = PASS_FAULT_HINT
         return miss
 
     def seen(record: dict) -> Miss | None:
-        calls = record["observed"].get("faults", [])
+        calls = judged(record).get("faults", [])  # the judge's witness: one entry per fault() call
         if len(calls) != 1:
             return Miss(f"fault() was called {len(calls)} times",
                         "Pass `fault` along and call it exactly once, after updating the total. " + ORDER_HINT,
                         clause="3.order")
         call = calls[0]
-        if not call["in_transaction"]:
-            return Miss("fault() ran outside a transaction", TRANSACTION_HINT, clause="3.one-transaction")
         outside = call.get("outside")
         if outside is not None and (outside["last"], outside["total"]) != (before["last"], before["total"]):
-            return Miss(f"while fault() ran, another connection already saw last {outside['last']}, "
+            return Miss(f"while fault() ran, the judge's own connection already read last {outside['last']}, "
                         f"total {outside['total']}: part of the event was committed early", CURSOR_HINT,
                         clause="3.one-transaction")
-        inside = call.get("inside")
+        reported = record["observed"].get("faults", [])
+        inside = reported[0].get("inside") if len(reported) == 1 else None  # only the child's connection sees it
         if inside is not None:
             if inside["last"] != before["last"]:
                 return Miss(f"when fault() ran, the cursor was already {inside['last']}", CURSOR_HINT,
@@ -692,6 +711,9 @@ def fault_seen(seq: int, before: dict, delta: int, clause: str | None = None):
             if inside["total"] != before["total"] + delta:
                 return Miss(f"when fault() ran, the total was {inside['total']}, not yet "
                             f"{before['total'] + delta}", ORDER_HINT, clause="3.order")
+        if not call.get("write_locked"):
+            return Miss("while fault() ran, the judge could BEGIN IMMEDIATE on the store: no write "
+                        "transaction was open", TRANSACTION_HINT, clause="3.one-transaction")
         return None
 
     return check
@@ -862,7 +884,7 @@ def check_apply(ctx: StepContext) -> list[Case]:
          "sqlite3.IntegrityError 'the cursor is jammed'; nothing changes; no open transaction",
          under("3.original-error", jam_error), history, ("3.rollback", "3.original-error", "3.one-transaction"),
          setup=JAM_CURSOR)
-    return served(ctx, "call", plans, specs, observe_store)
+    return served_with_witness(ctx, plans, specs)
 
 
 # The checkpoint's cursor cannot change, however the update is spelled (UPDATE, or INSERT OR
@@ -892,7 +914,7 @@ def module_exception(cls: str, hint: str, clause: str):
 
 
 def fault_not_called(record: dict) -> Miss | None:
-    calls = record["observed"].get("faults", [])
+    calls = judged(record).get("faults", [])
     if calls:
         return Miss(f"fault() was called {len(calls)} time(s)",
                     "fault() belongs to applying a new event (between the total and the cursor): a duplicate "
@@ -1135,7 +1157,7 @@ def check_consume_line(ctx: StepContext) -> list[Case]:
          ("5.fault-passed",), history,
          "Pass `fault` on to apply_event: consume_line(con, line, fault) → apply_event(con, seq, delta, fault).",
          fault="raise")
-    return served(ctx, "call", plans, specs, observe_store)
+    return served_with_witness(ctx, plans, specs)
 
 
 # --- step 6 -------------------------------------------------------------------------------

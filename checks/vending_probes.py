@@ -26,6 +26,7 @@ import asyncio
 import inspect
 import json
 import os
+import socket
 import sqlite3
 import time
 from collections.abc import Callable
@@ -37,6 +38,7 @@ from labkit.values import decode, encode
 # Taken before the student's module is imported: our own connections are never tracked.
 REAL_CONNECT = sqlite3.connect
 REAL_OPEN_CONNECTION = asyncio.open_connection
+REAL_CREATE_CONNECTION = socket.create_connection
 INJECTED = "(injected by the judge)"
 
 
@@ -154,7 +156,8 @@ def store_call(mod, case: dict, cleanup: list) -> tuple[dict, dict]:
     mode = case.get("fault")
 
     def fault():
-        faults.append({"in_transaction": in_transaction(con), "inside": _inside(con), "outside": peek(db)})
+        faults.append({"in_transaction": in_transaction(con), "inside": _inside(con),
+                       "witness": tell_witness(case.get("witness"), db)})
         if mode in ("raise", "interrupt"):
             error = (RuntimeError if mode == "raise" else Interrupted)(f"the vending arm jammed {INJECTED}")
             raised.append(error)
@@ -169,6 +172,20 @@ def store_call(mod, case: dict, cleanup: list) -> tuple[dict, dict]:
     cleanup.append(kept.clear)
     return outcome, {"received": probe.received(values), "in_transaction": in_transaction(con),
                      "faults": faults, "same_error": bool(raised) and error is raised[-1]}
+
+
+def tell_witness(address: list | None, db: str) -> str | None:
+    """Tell the judge's witness (`checks/vending_witness.py`) that fault() runs on `db`, and wait
+    while the judge looks at the store from outside. Returns what went wrong, or None."""
+    if not address:
+        return "no witness"
+    try:
+        with REAL_CREATE_CONNECTION(tuple(address), timeout=5.0) as sock:
+            sock.sendall(b"FAULT " + db.encode() + b"\n")
+            reply = sock.makefile("rb").readline(16)
+    except OSError as exc:
+        return f"{type(exc).__name__}: {exc}"[:200]
+    return None if reply == b"OK\n" else f"the witness answered {reply!r}"
 
 
 def _inside(con: sqlite3.Connection) -> dict | None:

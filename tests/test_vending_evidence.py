@@ -206,6 +206,26 @@ def test_an_ack_before_the_commit_is_caught_by_the_feed_even_when_the_child_is_f
     assert case.clauses == ("6.hook-before-ack",)
 
 
+BLIND = '''import checks.vending_probes as _probes
+
+_probes._inside = lambda con: None  # "nothing to see inside": the order check is skipped
+'''
+
+
+def test_a_fault_outside_the_transaction_is_caught_by_the_judge_even_when_the_child_is_fooled(lab, tmp_path):
+    """fault() runs before BEGIN IMMEDIATE, and the module blinds the probe's own views of the
+    transaction; the judge, looking at the store while fault() waits, finds no write lock."""
+    module = mutate(tmp_path, "client", '    con.execute("BEGIN IMMEDIATE")\n    try:\n        (last,)',
+                    '    if fault is not None and seq == con.execute("SELECT last FROM checkpoint").fetchone()[0] + 1:\n'
+                    '        fault()\n        fault = None\n'
+                    '    con.execute("BEGIN IMMEDIATE")\n    try:\n        (last,)', prefix=BLIND)
+    step = run_lab(lab, module, steps=[3], seed=1).steps[0]
+    case = next(c for c in step.cases if c.name == "the next event with a fault() that passes")
+    assert not case.passed
+    assert "the judge could BEGIN IMMEDIATE on the store" in case.got
+    assert "3.one-transaction" in case.clauses
+
+
 def test_closing_the_connection_it_was_given_is_a_verdict_not_a_probe_crash(lab, tmp_path):
     """The probe reads `con.in_transaction` after the call: on a closed connection that raised and
     the child ended with 'don't call sys.exit()'. Now every case is judged, and the session that
