@@ -230,20 +230,36 @@ def can_write(path: Path) -> bool:
         return True
 
 
-def held_files(pid: int) -> set[str]:
-    """The regular files process `pid` holds open right now (real paths)."""
+def process_tree(pid: int) -> list[psutil.Process]:
+    """`pid` and everything it started. In a sandbox the child's pid is bwrap's, and the student's
+    code runs in a process below it: what it holds is held there."""
     try:
-        return {os.path.realpath(f.path) for f in psutil.Process(pid).open_files()}
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
     except psutil.Error:
-        return set()
+        return []
+
+
+def held_files(pid: int) -> set[str]:
+    """The regular files process `pid` (and what it started) holds open right now (real paths)."""
+    found: set[str] = set()
+    for proc in process_tree(pid):
+        try:
+            found |= {os.path.realpath(f.path) for f in proc.open_files()}
+        except psutil.Error:
+            pass
+    return found
 
 
 def held_sockets(pid: int, port: int) -> list[str]:
-    """The TCP sockets of process `pid` connected to `port`, as "local → remote (status)"."""
-    try:
-        found = psutil.Process(pid).net_connections(kind="tcp")
-    except psutil.Error:
-        return []
+    """The TCP sockets of process `pid` (and what it started) connected to `port`, as
+    "local → remote (status)"."""
+    found = []
+    for proc in process_tree(pid):
+        try:
+            found += proc.net_connections(kind="tcp")
+        except psutil.Error:
+            pass
     return [f"{c.laddr.ip}:{c.laddr.port} → {c.raddr.ip}:{c.raddr.port} ({c.status})"
             for c in found if c.raddr and c.raddr.port == port]
 
@@ -633,10 +649,12 @@ def closed_after_failure(record: dict) -> Miss | None:
     miss = raises("DatabaseError", "Let sqlite3's own error propagate (a bare `raise` after closing).")(record)
     if miss is not None:
         return miss
-    if record["observed"].get("left_open") or judged(record).get("holds_file"):
+    hint = "If initialisation fails, close the connection, then re-raise the original error."
+    if judged(record).get("holds_file"):
         return Miss("raised, but the connection to the file was left open (the judge saw the process still "
-                    "holding the file)",
-                    "If initialisation fails, close the connection, then re-raise the original error.")
+                    "holding the file)", hint)
+    if record["observed"].get("left_open"):
+        return Miss("raised, but the connection to the file was left open", hint)
     return None
 
 
@@ -1311,6 +1329,12 @@ def took(seconds: float, hint: str, clause: str, slack: float = 0.05):
 
 
 def db_kept_open(record: dict) -> Miss | None:
+    """The connection it was handed is still open: the judge sees the child still holding the
+    store file (the probe keeps that connection until the next case)."""
+    if judged(record).get("holds_db") is False:
+        return Miss("after consume_session ended, the process no longer held the store open: the DB "
+                    "connection it was handed was closed",
+                    "Do not close the DB connection: it belongs to the caller (run_client).", clause="6.db-left-open")
     if not record["observed"].get("con_open", True):
         return Miss("the DB connection was closed by consume_session",
                     "Do not close the DB connection: it belongs to the caller (run_client).", clause="6.db-left-open")
@@ -1598,16 +1622,18 @@ def committed_last(path: Path | None) -> int | None:
 
 
 def observe_feed_case(feed: Feed, pid: int, spec: dict) -> dict:
-    """After a case against the feed: how the feed's connection ended (waiting for it, bounded),
+    """After a session case: does the child still hold the store open (the connection it was
+    handed); against the feed, also how the feed's connection ended (waiting for it, bounded),
     the ACKs it received with what the judge read at each, and the sockets the child still holds."""
+    holds_db = {"holds_db": os.path.realpath(spec["db"]) in held_files(pid)} if spec.get("db") else {}
     conn = spec.get("conn")
     if conn is None:
-        return {}
+        return holds_db
     sockets = held_sockets(pid, feed.port)
     settled(feed, sockets)
     ended = feed_closed(feed, conn, 0.0)
     journal = [e for e in feed.journal() if e["conn"] == conn]
-    return {"feed_closed": ended, "sockets": sockets,
+    return {**holds_db, "feed_closed": ended, "sockets": sockets,
             "acks": [{"seq": e["seq"], "observed": e.get("observed")} for e in journal if e["kind"] == "ack"]}
 
 

@@ -1,4 +1,4 @@
-"""Wrong: consume_session closes the DB connection when it ends. Fails step 6. Clause: 6.db-left-open. Message: the DB connection was closed by consume_session"""
+"""Wrong: consume_session closes the DB connection when it ends. Fails step 6. Clause: 6.db-left-open. Message: the DB connection it was handed was closed"""
 
 # --- provided code -----------------------------------------------
 import asyncio
