@@ -233,11 +233,39 @@ def can_write(path: Path) -> bool:
 def process_tree(pid: int) -> list[psutil.Process]:
     """`pid` and everything it started. In a sandbox the child's pid is bwrap's, and the student's
     code runs in a process below it: what it holds is held there."""
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        try:
+            found.append(psutil.Process(current))
+        except psutil.Error:
+            continue
+        todo += child_pids(current)
+    return found
+
+
+def child_pids(pid: int) -> list[int]:
+    """The direct children of `pid`, from /proc's per-thread `children` lists: a few small reads,
+    where psutil's `children()` reads every process's stat (half a second on a loaded machine)."""
+    if not CHILDREN_LISTS:  # a kernel without CONFIG_PROC_CHILDREN
+        try:
+            return [c.pid for c in psutil.Process(pid).children()]
+        except psutil.Error:
+            return []
     try:
-        root = psutil.Process(pid)
-        return [root, *root.children(recursive=True)]
-    except psutil.Error:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
         return []
+    found: list[int] = []
+    for tid in tasks:
+        try:
+            found += [int(c) for c in Path(f"/proc/{pid}/task/{tid}/children").read_text().split()]
+        except (OSError, ValueError):  # that thread has just ended
+            continue
+    return found
+
+
+CHILDREN_LISTS = Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children").exists()
 
 
 def held_files(pid: int) -> set[str]:
@@ -268,23 +296,26 @@ def served(ctx: StepContext, kind: str, plans: list[Plan], specs: list[dict],
            observe: Callable[[int, dict], dict] | None = None, call_timeout: float = 5.0) -> list[Case]:
     """Run each plan's case in one child that waits between cases (`vending_probes.serve`).
 
-    After each reply, and before the next case starts, `observe(child_pid, spec)` makes the
-    judge's own observations (the store through its own connection, its locks, the files and
+    The step's budget (`ctx.timeout`) is spent by the calls alone, so the judge's own looks cost
+    the student nothing on a loaded machine. After each reply, and before the next case starts,
+    `observe(child_pid, spec)` makes the judge's own observations (the store through its own connection, its locks, the files and
     sockets the child still holds); they go under the case's `observed["judge"]`."""
     records: list[dict] = []
-    deadline = time.monotonic() + ctx.timeout
+    spent = 0.0  # the step's budget counts the child's time only, never the judge's own looks
     with child_session(ctx.solution, workdir=ctx.workdir, timeout=ctx.timeout, marker=ctx.marker(),
                        module_name=ctx.lab.module_name, probe=f"{ctx.lab.probes}:serve") as session:
         for plan, spec in zip(plans, specs, strict=True):
-            left = deadline - time.monotonic()
+            left = ctx.timeout - spent
             if not session.imported:
                 break
             records.append({"event": "start", "case": plan.name})
             if left <= 0:  # the step's budget is spent: this case is where it ran out
                 session.run.timed_out = True
                 break
+            started = time.monotonic()
             reply = session.call({"kind": kind, "case": spec},
                                  timeout=min(left, spec.get("guard", 0) + call_timeout))
+            spent += time.monotonic() - started
             if reply["outcome"].get("kind") in ("timed_out", "died", "aborted"):
                 break  # the session says how the child ended; this case is the one it ended in
             observed = dict(reply.get("observed") or {})

@@ -15,6 +15,7 @@ from __future__ import annotations
 import random
 import re
 import socket
+import time
 from pathlib import Path
 from unittest.mock import patch
 
@@ -309,3 +310,18 @@ def test_got_lines_print_no_python_lists(lab):
         for step in verdict.steps:
             for case in step.cases:
                 assert not re.search(r"(sent|ACKs? for|ACKed) \[", case.got), case.got
+
+
+def test_the_judges_own_looks_do_not_spend_the_students_step_budget(lab, monkeypatch):
+    """On a loaded machine the judge's observations between cases are slow; they must not make a
+    correct solution run out of its step budget (the budget counts the child's calls only)."""
+    looked = vending.observe_store
+
+    def slow_look(pid, spec):
+        time.sleep(1.5)
+        return looked(pid, spec)
+
+    monkeypatch.setattr(vending, "observe_store", slow_look)
+    step = run_lab(lab, REFERENCE, steps=[2], seed=1).steps[0]
+    assert len(step.cases) * 1.5 > 10, "the looks alone must outlast the step budget"
+    assert step.passed, failures(step)
