@@ -230,6 +230,21 @@ def can_write(path: Path) -> bool:
         return True
 
 
+WALL_FACTOR = 4  # a served step's calls may wait this many step budgets in all, whatever the load
+
+
+def cpu_seconds(pid: int) -> float:
+    """The CPU time process `pid` and what it started have used so far (user + system)."""
+    total = 0.0
+    for proc in process_tree(pid):
+        try:
+            used = proc.cpu_times()
+        except psutil.Error:
+            continue
+        total += used.user + used.system
+    return total
+
+
 def process_tree(pid: int) -> list[psutil.Process]:
     """`pid` and everything it started. In a sandbox the child's pid is bwrap's, and the student's
     code runs in a process below it: what it holds is held there."""
@@ -296,26 +311,29 @@ def served(ctx: StepContext, kind: str, plans: list[Plan], specs: list[dict],
            observe: Callable[[int, dict], dict] | None = None, call_timeout: float = 5.0) -> list[Case]:
     """Run each plan's case in one child that waits between cases (`vending_probes.serve`).
 
-    The step's budget (`ctx.timeout`) is spent by the calls alone, so the judge's own looks cost
-    the student nothing on a loaded machine. After each reply, and before the next case starts,
+    The step's budget is the child's: `ctx.timeout` seconds of its CPU time (a loaded machine
+    cannot tell slow code from a slow machine by the clock), within `WALL_FACTOR` times that of
+    waiting for its replies (every wait stays bounded; each call also has its own guard). The
+    judge's own looks between cases cost the student nothing. After each reply, and before the next case starts,
     `observe(child_pid, spec)` makes the judge's own observations (the store through its own connection, its locks, the files and
     sockets the child still holds); they go under the case's `observed["judge"]`."""
     records: list[dict] = []
-    spent = 0.0  # the step's budget counts the child's time only, never the judge's own looks
+    waited = cpu = 0.0  # the child's time only, never the judge's own looks
     with child_session(ctx.solution, workdir=ctx.workdir, timeout=ctx.timeout, marker=ctx.marker(),
                        module_name=ctx.lab.module_name, probe=f"{ctx.lab.probes}:serve") as session:
         for plan, spec in zip(plans, specs, strict=True):
-            left = ctx.timeout - spent
+            left = WALL_FACTOR * ctx.timeout - waited
             if not session.imported:
                 break
             records.append({"event": "start", "case": plan.name})
-            if left <= 0:  # the step's budget is spent: this case is where it ran out
+            if left <= 0 or cpu > ctx.timeout:  # the step's budget is spent: this case is where it ran out
                 session.run.timed_out = True
                 break
             started = time.monotonic()
             reply = session.call({"kind": kind, "case": spec},
                                  timeout=min(left, spec.get("guard", 0) + call_timeout))
-            spent += time.monotonic() - started
+            waited += time.monotonic() - started
+            cpu = cpu_seconds(session.proc.pid)
             if reply["outcome"].get("kind") in ("timed_out", "died", "aborted"):
                 break  # the session says how the child ended; this case is the one it ended in
             observed = dict(reply.get("observed") or {})

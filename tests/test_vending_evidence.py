@@ -325,3 +325,17 @@ def test_the_judges_own_looks_do_not_spend_the_students_step_budget(lab, monkeyp
     step = run_lab(lab, REFERENCE, steps=[2], seed=1).steps[0]
     assert len(step.cases) * 1.5 > 10, "the looks alone must outlast the step budget"
     assert step.passed, failures(step)
+
+
+@pytest.mark.parametrize("slow", ["    _t = time.process_time()\n    while time.process_time() - _t < 0.25:\n        pass\n",
+                                  "    time.sleep(0.5)\n"], ids=["burns-cpu", "sleeps"])
+def test_slow_code_still_runs_out_of_its_step_budget(lab, tmp_path, slow):
+    """The budget is the child's CPU time, within a wall bound of WALL_FACTOR budgets: code that
+    burns CPU (10 s in all), and code that only waits (20 s in all), both end as a timeout (step
+    budget 4 s here: 16 s of waiting at most)."""
+    module = mutate(tmp_path, "client", '    """Apply one event exactly once: True if applied, False if an identical duplicate."""\n',
+                    '    """Apply one event exactly once: True if applied, False if an identical duplicate."""\n' + slow,
+                    prefix="import time\n")
+    step = run_lab(lab, module, steps=[3], seed=1, timeout=4.0).steps[0]
+    assert not step.passed
+    assert any("no answer within" in c.got for c in step.cases if not c.passed), failures(step)
