@@ -2052,17 +2052,21 @@ def check_crash(ctx: StepContext) -> list[Case]:
     timeline = ctx.evidence.timeline
     timeline.append({"t": time.time(), "actor": "judge", "kind": "setup",
                      "text": f"feed with {len(events)} events {events}; no store file yet; kill at seq {KILL}"})
-    args = {"db": str(db), "timeout": 3.0, "guard": 6.0, "exit_code": KILL_EXIT_CODE}
-    feed = start_feed(events, io_timeout=3.0)
+    # Generous waits: nothing in this scenario stalls on purpose, so they only bound a client that
+    # hangs, and a correct client on a machine at load 45 (3 s to start a sandboxed child) fits:
+    # the client's read timeout and the feed's wait for a line or an ACK, and one client process.
+    io_seconds, child_seconds = ctx.timeout / 2, 2 * ctx.timeout
+    args = {"db": str(db), "timeout": io_seconds, "guard": 2 * io_seconds, "exit_code": KILL_EXIT_CODE}
+    feed = start_feed(events, io_timeout=io_seconds)
     second = None
     try:
         args.update(host=feed.host, port=feed.port)
-        first = ctx.child("crash_client", {**args, "kill": KILL})
+        first = ctx.child("crash_client", {**args, "kill": KILL}, timeout=child_seconds)
         feed.wait_idle(2.0)
         after_kill, t_kill = snapshot(db), time.time()
-        died = died_after_commit(first, after_kill, feed.journal(), ctx.timeout)
+        died = died_after_commit(first, after_kill, feed.journal(), child_seconds)
         if died.passed:  # only a real crash between commit and ACK has anything to recover from
-            second = ctx.child("crash_client", {**args, "kill": None})
+            second = ctx.child("crash_client", {**args, "kill": None}, timeout=child_seconds)
             feed.wait_idle(2.0)
         after_all, t_end = snapshot(db), time.time()
     finally:
@@ -2070,13 +2074,13 @@ def check_crash(ctx: StepContext) -> list[Case]:
     journal = feed.journal()
     j1 = [e for e in journal if e["conn"] in _conns_during(journal, first)]
     j2 = [e for e in journal if second is not None and e["conn"] in _conns_during(journal, second)]
-    later = recovery_cases(events, after_kill, after_all, j2, second, ctx.timeout) if died.passed else [
+    later = recovery_cases(events, after_kill, after_all, j2, second, child_seconds) if died.passed else [
         Case(name, Outcome.NOT_REACHED, called, expected, NOT_REACHED_KILL, clauses=(clause,))
         for name, called, expected, clause in RECOVERY]
     recognised = all(c.passed for c in later[1:3])
-    _timeline_process(timeline, "client #1", first, KILL, ctx.timeout)
+    _timeline_process(timeline, "client #1", first, KILL, child_seconds)
     if second is not None:
-        _timeline_process(timeline, "client #2", second, None, ctx.timeout)
+        _timeline_process(timeline, "client #2", second, None, child_seconds)
     _timeline_feed(timeline, journal, _conns_during(journal, first),
                    _conns_during(journal, second) if second is not None else set(), KILL if recognised else None)
     timeline.append({"t": t_kill, "actor": "store", "kind": "snapshot", "text": "after client #1: " + shown(after_kill)})
