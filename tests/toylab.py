@@ -77,4 +77,6 @@ def install(monkeypatch, folder: Path, catalogue: dict[str, str] | None = None) 
     monkeypatch.setitem(labs.MODULE_FILES, "toy", "toy.py")
     monkeypatch.setattr(coverage, "ROOT", folder)
     monkeypatch.setattr(coverage, "CATALOGUE", folder / "wrong_solutions")
+    # The course's own labs have their references under the real ROOT: the toy stands alone.
+    monkeypatch.setattr(coverage, "contract_labs", lambda: ["toy"])
     return wrong_dir
