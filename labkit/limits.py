@@ -16,6 +16,7 @@ CALL_TIMEOUT = 5.0
 PROPERTY_EXAMPLES = 150
 PROPERTY_CPU_SECONDS = 2.0
 PROPERTY_SECONDS = 60.0
+PROPERTY_WALL_BACKSTOP = 240.0
 # Child processes get this much address space; a memory hog dies with MemoryError.
 CHILD_MEMORY_BYTES = 1024 * 1024 * 1024
 # Largest file a child may write (its stdout file included): a print loop cannot fill the disk.

@@ -191,6 +191,21 @@ def test_a_function_that_sleeps_trips_the_wall_clock_backstop(tmp_path, monkeypa
     assert (case.outcome, case.got) == (Outcome.TIMED_OUT, "its calls took more than 0.5 s in all")
 
 
+def test_the_judges_own_time_between_calls_is_not_the_students(tmp_path, monkeypatch):
+    """A loaded machine slows the judge's side (generating, the oracle, the round trip); only the
+    calls' own time counts against the student, so a correct function still passes."""
+    monkeypatch.setattr(differential_module, "PROPERTY_SECONDS", 0.5)
+    real_call = differential_module.probe.call
+
+    def slow_oracle(*args, **kwargs):
+        time.sleep(0.02)
+        return real_call(*args, **kwargs)
+
+    monkeypatch.setattr(differential_module.probe, "call", slow_oracle)
+    [case] = judge(student(tmp_path))
+    assert case.outcome is Outcome.PASSED, case
+
+
 def test_property_tests_in_parallel_threads_give_the_serial_verdicts(tmp_path):
     """Steps run in threads of one judge process: Hypothesis must not mix their runs up."""
     paths = [student(student_dir(tmp_path, n), **change) for n, change in enumerate([

@@ -30,8 +30,11 @@ bounded, so the same module and seed give the same verdict and the same countere
 answer is cached by input, so a replay never asks the child twice. Two backstops end a test
 early, as a timed-out case: the CPU time the student's calls use in the child
 (`limits.PROPERTY_CPU_SECONDS`, ~1000x a reference; CPU time hardly moves with load, so this
-one trips the same way on a busy machine) and, for a function that sleeps, the wall clock
-(`limits.PROPERTY_SECONDS`, far above what a reference takes even at load 15).
+one trips the same way on a busy machine) and, for a function that sleeps, the calls' own time
+on the clock as the child measures it (`limits.PROPERTY_SECONDS`): the judge's own work between
+calls (generating, shrinking, the round trip) is not the student's time, and at load 60 it made
+150 calls of a correct function take over a minute. A wall-clock backstop on the whole test
+(`limits.PROPERTY_WALL_BACKSTOP`) still bounds a child that lies about its times.
 
 A call that hangs (`limits.CALL_TIMEOUT`), kills the child or calls sys.exit() ends the test at
 that input, unshrunk, as the named outcome; a skeleton or a missing function is the usual grey
@@ -62,7 +65,13 @@ from labkit.judge import expect
 from labkit.judge.child import child_session
 from labkit.judge.run import StepContext
 from labkit.judge.verdict import Case, Outcome
-from labkit.limits import CALL_TIMEOUT, PROPERTY_CPU_SECONDS, PROPERTY_EXAMPLES, PROPERTY_SECONDS
+from labkit.limits import (
+    CALL_TIMEOUT,
+    PROPERTY_CPU_SECONDS,
+    PROPERTY_EXAMPLES,
+    PROPERTY_SECONDS,
+    PROPERTY_WALL_BACKSTOP,
+)
 from labkit.values import decode, encode, same, show
 
 if TYPE_CHECKING:
@@ -139,7 +148,7 @@ def differential(
     name = name or f"{fn} agrees with the contract on generated inputs"
     show_call = show_call or (lambda *args: f"{fn}({', '.join(show(a, 80) for a in args)})")
     answers: dict[str, Finding | None] = {}
-    budget = {"calls": 0, "limit": examples + shrink_calls, "cpu": 0.0, "deadline": 0.0}
+    budget = {"calls": 0, "limit": examples + shrink_calls, "cpu": 0.0, "wall": 0.0, "deadline": 0.0}
 
     with child_session(ctx.solution, workdir=ctx.workdir, timeout=ctx.timeout, marker=ctx.marker(),
                        module_name=ctx.lab.module_name) as session:
@@ -153,14 +162,18 @@ def differential(
                 return None  # out of calls: shrinking stops improving, the best so far stands
             if budget["cpu"] > PROPERTY_CPU_SECONDS:
                 raise _Stop(None, f"its calls used more than {PROPERTY_CPU_SECONDS:g} s of CPU in all")
-            if not budget["calls"]:  # from the first call: starting the child or Hypothesis is not the student's time
-                budget["deadline"] = time.monotonic() + PROPERTY_SECONDS
-            elif time.monotonic() > budget["deadline"]:
+            if budget["wall"] > PROPERTY_SECONDS:
                 raise _Stop(None, f"its calls took more than {PROPERTY_SECONDS:g} s in all")
+            if not budget["calls"]:  # from the first call: starting the child or Hypothesis is not the student's time
+                budget["deadline"] = time.monotonic() + PROPERTY_WALL_BACKSTOP
+            elif time.monotonic() > budget["deadline"]:
+                raise _Stop(None, f"its test took more than {PROPERTY_WALL_BACKSTOP:g} s in all")
             budget["calls"] += 1
             reply = session.call({"fn": fn, "args": encoded, "adapter": adapter},
                                  timeout=min(CALL_TIMEOUT, ctx.timeout))
-            budget["cpu"] += reply.get("observed", {}).get("cpu", 0.0)
+            observed = reply.get("observed", {})
+            budget["cpu"] += observed.get("cpu", 0.0)
+            budget["wall"] += observed.get("wall", 0.0)
             expected = probe.call(oracle, *copy.deepcopy(args))
             answers[key] = _disagreement(args, reply, expected, unchanged is not None)
             return answers[key]

@@ -149,7 +149,7 @@ def serve(module: ModuleType, args: dict) -> None:
     Reads JSON lines from the private request pipe (LABKIT_REQUEST_FD) until the judge closes
     it: `{"id": n, "fn": "parse_line", "args": [<encoded>...], "adapter": "checks.x_probes:f"}`.
     Replies `{"event": "reply", "id": n, "outcome": <as call()>, "observed": <as call_observed(),
-    plus "cpu": the CPU seconds the call used>}`.
+    plus "cpu": the CPU seconds the call used, "wall": its seconds on the clock>}`.
     Without an adapter it calls `module.fn(*args)`; with one it calls `adapter(fn, *args)`, so
     a lab can build in the child what cannot cross the pipe (a `random.Random(seed)`, a
     connection) before calling the student's function. A missing function is reported as
@@ -167,9 +167,10 @@ def serve(module: ModuleType, args: dict) -> None:
                     adapters[name] = getattr(importlib.import_module(target_module), target)
                 fn = functools.partial(adapters[name], fn)
             values = [decode(a) for a in request["args"]]
-            started = time.process_time()
+            started, clock = time.process_time(), time.monotonic()
             outcome, observed = call_observed(fn, values)
             observed["cpu"] = time.process_time() - started  # seconds of CPU, not of waiting
+            observed["wall"] = time.monotonic() - clock  # the call's own time, sleeps included
             emit({"event": "reply", "id": request["id"], "outcome": outcome, "observed": observed})
 
 
