@@ -1,0 +1,1 @@
+"""Reference implementations the judge compares students' functions with (judge side only)."""
