@@ -1,22 +1,32 @@
-"""Reading the catalogues of wrong solutions (`tests/wrong_solutions/<lab>/*.py`).
+"""Reading the catalogues of wrong solutions (`tests/wrong_solutions/<lab>/*.py`), and running them once.
 
 Each file is a copy of the lab's reference with one realistic mistake, and starts with
 `\"\"\"Wrong: <mistake>. Fails step <N>. Clause: <id>. Message: <text the student must be told>\"\"\"`
-(the clause is the contract clause, `labkit.judge.contract`, whose case must catch it).
+(the clause is the contract clause, `labkit.judge.contract`, whose case must catch it;
+`labkit.judge.coverage.DOCSTRING` is the one parser of that line).
+
+Running the catalogue is the expensive part of the suite, so every test that needs a verdict
+asks `step_verdicts` (or `verdict`): ONE cache for the whole pytest session (per xdist worker),
+keyed by (lab, file, seed, step), that runs only the steps it has not run yet. A step's verdict
+does not depend on which other steps ran beside it, so tests that want different step sets
+still share what they have in common. Treat the returned verdicts as read-only.
 """
 
 from __future__ import annotations
 
 import ast
 import difflib
-import re
+import threading
+from collections.abc import Iterable
 from pathlib import Path
 
+from labkit import labs
+from labkit.judge.coverage import DOCSTRING
+from labkit.judge.run import run_lab
 from labkit.judge.verdict import LabVerdict, StepVerdict
 
-DOCSTRING = re.compile(r'\A"""Wrong: (?P<mistake>.+?)\. Fails step (?P<step>\d+|final)\. '
-                       r'(?:Clause: (?P<clause>(?:\d+|final)\.[a-z0-9-]+)\. )?'
-                       r'Message: (?P<message>.+?)"""\n', re.S)
+_STEPS: dict[tuple[str, str, int, str], StepVerdict] = {}
+_LOCK = threading.Lock()
 
 
 def promise(path: Path) -> dict[str, str]:
@@ -24,6 +34,27 @@ def promise(path: Path) -> dict[str, str]:
     match = DOCSTRING.match(path.read_text())
     assert match, f"{path.name} must start with '\"\"\"Wrong: ... Fails step N. Message: ...\"\"\"'"
     return match.groupdict()
+
+
+def step_verdicts(lab: str, path: Path, steps: Iterable[int | str], seed: int = 1) -> dict[str, StepVerdict]:
+    """Step → its verdict for `path` at `seed`, running (in one judge run) only what is not cached."""
+    wanted = [str(s) for s in steps]
+    file = str(Path(path).resolve())
+    with _LOCK:
+        missing = [s for s in wanted if (lab, file, seed, s) not in _STEPS]
+    if missing:
+        for step in run_lab(labs.load(lab), Path(file), steps=missing, seed=seed).steps:
+            with _LOCK:
+                _STEPS[(lab, file, seed, str(step.step))] = step
+    with _LOCK:
+        return {s: _STEPS[(lab, file, seed, s)] for s in wanted}
+
+
+def verdict(lab: str, path: Path, seed: int = 1, steps: Iterable[int | str] | None = None) -> LabVerdict:
+    """A whole verdict (every step, or `steps`) assembled from the cache."""
+    chosen = [str(s.step) for s in labs.load(lab).steps] if steps is None else [str(s) for s in steps]
+    cached = step_verdicts(lab, path, chosen, seed)
+    return LabVerdict(lab, seed, [cached[s] for s in chosen])
 
 
 def failures(step: StepVerdict) -> str:

@@ -1,5 +1,7 @@
 import os
 import sys
+import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -18,3 +20,53 @@ def jupyter_env(tmp_path, monkeypatch):
         monkeypatch.setenv(name, str(path))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     return tmp_path
+
+
+@pytest.fixture
+def judge_tmp(tmp_path, monkeypatch):
+    """A private temp dir for the judge (and its children), and a list of what it created there."""
+    private = tmp_path / "tmp"
+    private.mkdir()
+    monkeypatch.setenv("TMPDIR", str(private))
+    monkeypatch.setattr(tempfile, "tempdir", str(private))
+    created: list[str] = []
+    real_mkdtemp = tempfile.mkdtemp
+
+    def spy(*args, **kwargs):
+        path = real_mkdtemp(*args, **kwargs)
+        created.append(path)
+        return path
+
+    monkeypatch.setattr(tempfile, "mkdtemp", spy)
+    return private, created
+
+
+@pytest.fixture
+def tag(monkeypatch):
+    """Every marker of this test's runs starts with a tag, so /proc scans see only our processes."""
+    from labkit.judge import reaper
+
+    prefix = f"leftovers-{os.getpid()}-"
+    real_new_marker = reaper.new_marker
+    monkeypatch.setattr(reaper, "new_marker", lambda: prefix + real_new_marker())
+    return prefix
+
+
+@pytest.fixture
+def nothing_left(tag, judge_tmp):
+    """`with nothing_left(): ...` fails unless the world after the block is the world before it
+    (tests/leftovers.py says what is counted) and every temp dir the judge made is gone."""
+    from leftovers import snapshot
+
+    private, created = judge_tmp
+
+    @contextmanager
+    def check():
+        before = snapshot(tag, private)
+        yield
+        after = snapshot(tag, private)
+        assert after == before
+        assert created, "the judge made no temp dir: this test would not see one left behind"
+        assert not [p for p in created if os.path.exists(p)]
+
+    return check

@@ -3,7 +3,8 @@
 Before and after each run we take a snapshot of what a run could leave: processes carrying
 this run's marker (found as the reaper finds them, through /proc/*/environ), child processes
 of this test process, zombies among them, listening TCP sockets of this process and its
-children, and the judge's `labkit-*` temp dirs. Both snapshots must be equal.
+children, and the judge's `labkit-*` temp dirs. Both snapshots must be equal
+(`tests/leftovers.py`; the `tag` and `judge_tmp` fixtures are in `conftest.py`).
 
 Other runs may share the machine, so the markers get a prefix of our own and the temp dir is
 private to the test: what we count is ours alone.
@@ -11,90 +12,17 @@ private to the test: what we count is ours alone.
 
 from __future__ import annotations
 
-import os
 import re
-import tempfile
 from pathlib import Path
 
 import psutil
 import pytest
 
 from labkit import labs
-from labkit.judge import reaper
 from labkit.judge.run import run_lab
-from labkit.limits import RUN_MARKER
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = ROOT / "solutions" / "worker.py"
-
-
-@pytest.fixture
-def judge_tmp(tmp_path, monkeypatch):
-    """A private temp dir for the judge (and its children), and a list of what it created there."""
-    private = tmp_path / "tmp"
-    private.mkdir()
-    monkeypatch.setenv("TMPDIR", str(private))
-    monkeypatch.setattr(tempfile, "tempdir", str(private))
-    created: list[str] = []
-    real_mkdtemp = tempfile.mkdtemp
-
-    def spy(*args, **kwargs):
-        path = real_mkdtemp(*args, **kwargs)
-        created.append(path)
-        return path
-
-    monkeypatch.setattr(tempfile, "mkdtemp", spy)
-    return private, created
-
-
-@pytest.fixture
-def tag(monkeypatch):
-    """Every marker of this test's runs starts with a tag, so /proc scans see only our processes."""
-    prefix = f"leftovers-{os.getpid()}-"
-    real_new_marker = reaper.new_marker
-    monkeypatch.setattr(reaper, "new_marker", lambda: prefix + real_new_marker())
-    return prefix
-
-
-def marked(prefix: str) -> set[int]:
-    """Like reaper.marked_pids, for every marker that starts with `prefix`."""
-    needle = f"{RUN_MARKER}={prefix}".encode()
-    found = set()
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) != os.getpid():
-            try:
-                with open(f"/proc/{entry}/environ", "rb") as fh:
-                    if needle in fh.read():
-                        found.add(int(entry))
-            except OSError:
-                continue
-    return found
-
-
-def snapshot(prefix: str, private: Path) -> dict:
-    me = psutil.Process()
-    children = me.children(recursive=True)
-    listening = set()
-    for proc in [me, *children]:
-        try:
-            listening |= {(proc.pid, c.laddr.port) for c in proc.net_connections(kind="tcp")
-                          if c.status == psutil.CONN_LISTEN}
-        except psutil.NoSuchProcess:
-            continue
-    zombies = set()
-    for child in children:
-        try:
-            if child.status() == psutil.STATUS_ZOMBIE:
-                zombies.add(child.pid)
-        except psutil.NoSuchProcess:
-            continue
-    return {
-        "marked processes": marked(prefix),
-        "children": {c.pid for c in children},
-        "zombies": zombies,
-        "listening sockets": listening,
-        "labkit temp dirs": sorted(p.name for p in private.glob("labkit-*")),
-    }
 
 
 def with_code(tmp_path: Path, function: str, *lines: str) -> Path:
@@ -108,18 +36,12 @@ def with_code(tmp_path: Path, function: str, *lines: str) -> Path:
 
 
 @pytest.fixture
-def judged(tag, judge_tmp):
+def judged(nothing_left):
     """Run the judge and prove that the world afterwards is the world before."""
-    private, created = judge_tmp
 
     def run(solution: Path, steps=None, timeout=None):
-        before = snapshot(tag, private)
-        verdict = run_lab(labs.load("outbox"), solution, steps=steps, seed=1, timeout=timeout)
-        after = snapshot(tag, private)
-        assert after == before
-        assert created, "the judge made no temp dir: this test would not see one left behind"
-        assert not [p for p in created if os.path.exists(p)]
-        return verdict
+        with nothing_left():
+            return run_lab(labs.load("outbox"), solution, steps=steps, seed=1, timeout=timeout)
 
     return run
 

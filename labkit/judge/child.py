@@ -1,6 +1,9 @@
 """Run a child process against the student's module and kill it, whatever it does.
 
-One call = one fresh interpreter that imports the student's file and runs one probe.
+`run_child`: one fresh interpreter that imports the student's file and runs one probe.
+`child_session`: one interpreter that stays up and answers calls one at a time (a round
+trip costs ~0.2 ms, a process start ~100 ms), for property tests that try hundreds of inputs.
+Both start their child through `spawn`, the one place a judged child is started.
 The child reports on a private pipe (its stdout is the student's); the judge enforces a
 wall-clock limit, then kills the whole process group and anything that escaped it.
 """
@@ -10,15 +13,19 @@ from __future__ import annotations
 import json
 import os
 import selectors
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 from labkit.judge import reaper
-from labkit.limits import CHILD_OUTPUT_BYTES, KILL_GRACE, RUN_MARKER
+from labkit.limits import CALL_TIMEOUT, CHILD_OUTPUT_BYTES, KILL_GRACE, RUN_MARKER
 
 ROOT = Path(__file__).resolve().parents[2]
 MAX_RESULT_BYTES = 8 * 1024 * 1024
@@ -89,6 +96,53 @@ def _read_capped(path: Path) -> str:
     return text + ("\n[... output cut]" if len(data) > CHILD_OUTPUT_BYTES else "")
 
 
+def spawn(module: Path, *, workdir: Path, env: dict[str, str], pass_fds: tuple[int, ...],
+          stdout: IO[bytes], stderr: IO[bytes]) -> subprocess.Popen:
+    """Start one judged child: `python -P -m labkit.probe.main` for the student's `module`.
+
+    The ONE place a child that runs student code is started (`run_child` and `child_session`
+    both call it), so a sandbox wraps exactly this. The child gets its own session (one
+    killpg ends it and everything it forks), `workdir` as cwd, exactly `env` (see
+    `child_env`), only the `pass_fds` beyond stdio (its private pipes, named in `env`), a
+    pipe as stdin (the request, then closed) and `stdout`/`stderr` going to the judge's files.
+    `-P`: the student's folder must not shadow the standard library or labkit.
+    """
+    return subprocess.Popen(
+        [sys.executable, "-P", "-m", "labkit.probe.main"],
+        stdin=subprocess.PIPE,
+        stdout=stdout,
+        stderr=stderr,
+        cwd=workdir,
+        env=env,
+        pass_fds=pass_fds,
+        start_new_session=True,
+    )
+
+
+def _start_request(module: Path, module_name: str, probe: str, args: dict) -> bytes:
+    return json.dumps({"module": str(module), "module_name": module_name, "probe": probe,
+                       "args": args}).encode()
+
+
+def _send_request(proc: subprocess.Popen, request: bytes) -> None:
+    """The first request goes on stdin, which is then closed: the student's code reads EOF there."""
+    try:
+        proc.stdin.write(request)
+        proc.stdin.close()
+    except BrokenPipeError:  # died at once; the exit code tells
+        pass
+
+
+def _kill(proc: subprocess.Popen, marker: str) -> None:
+    """End the child's whole group and anything marked that escaped it; reap the child."""
+    reaper.kill_group(proc.pid)
+    try:  # reap our own child first, so Popen (not the reaper) records its status
+        proc.wait(timeout=KILL_GRACE)
+    except subprocess.TimeoutExpired:
+        pass
+    reaper.kill_marked(marker)
+
+
 def run_child(
     module: Path,
     probe: str,
@@ -102,7 +156,7 @@ def run_child(
 ) -> ChildRun:
     """Run `probe` (module:function) in a fresh interpreter with the student's module loaded."""
     marker = marker or reaper.new_marker()
-    request = json.dumps({"module": str(module), "module_name": module_name, "probe": probe, "args": args})
+    request = _start_request(module, module_name, probe, args)
     read_fd, write_fd = os.pipe()
     run = ChildRun(started_at=time.time())
     started = time.monotonic()
@@ -110,24 +164,15 @@ def run_child(
         out_path, err_path = Path(io_dir, "stdout"), Path(io_dir, "stderr")
         with open(out_path, "wb") as out, open(err_path, "wb") as err:
             try:
-                proc = subprocess.Popen(
-                    [sys.executable, "-P", "-m", "labkit.probe.main"],
-                    stdin=subprocess.PIPE,
-                    stdout=out,
-                    stderr=err,
-                    cwd=workdir,
-                    env=child_env(marker, {"LABKIT_RESULT_FD": str(write_fd), **(env or {})}),
-                    pass_fds=(write_fd,),
-                    start_new_session=True,
-                )
+                proc = spawn(module, workdir=workdir, stdout=out, stderr=err, pass_fds=(write_fd,),
+                             env=child_env(marker, {"LABKIT_RESULT_FD": str(write_fd), **(env or {})}))
+            except BaseException:
+                os.close(read_fd)
+                raise
             finally:
                 os.close(write_fd)
             try:
-                try:
-                    proc.stdin.write(request.encode())
-                    proc.stdin.close()
-                except BrokenPipeError:  # died at once; the exit code tells
-                    pass
+                _send_request(proc, request)
                 data = _collect(read_fd, proc, started + timeout)
                 try:  # EOF on the pipe comes a moment before the exit status is ready
                     proc.wait(timeout=max(0.0, started + timeout - time.monotonic()))
@@ -136,12 +181,7 @@ def run_child(
                 run.timed_out = proc.poll() is None
             finally:
                 os.close(read_fd)
-                reaper.kill_group(proc.pid)
-                try:  # reap our own child first, so Popen (not the reaper) records its status
-                    proc.wait(timeout=KILL_GRACE)
-                except subprocess.TimeoutExpired:
-                    pass
-                reaper.kill_marked(marker)
+                _kill(proc, marker)
         run.exit_code = proc.returncode
         run.ended_at = time.time()
         run.seconds = time.monotonic() - started
@@ -196,3 +236,204 @@ def _parse(data: bytes) -> list[dict]:
         if isinstance(record, dict):
             records.append(record)
     return records
+
+
+# --- a child that stays up and answers calls one at a time ---------------------------------
+
+
+class ChildSession:
+    """One child that imports the student's module once, then answers requests one at a time.
+
+    Made by `child_session`. `call(request)` writes one JSON line on the child's private
+    request pipe and returns the child's reply: `{"outcome": ..., "observed": ...}` as the probe
+    (e.g. `labkit.probe:serve`) reports it. A child that does not answer within the call's
+    timeout is killed; one that dies is noted; either way that call and every later one return
+    a reply whose outcome kind says how the child ended, never an exception:
+    `{"kind": "timed_out", "seconds": s}`, `{"kind": "died", "exit_code": n}`, or
+    `{"kind": "aborted", "error": {...}}` (SystemExit or another BaseException left the probe).
+    `run` is a `ChildRun` of everything but the replies (import events, exit code, the
+    student's capped stdout/stderr once the session is closed), so `expect.import_problem`
+    reads it as it reads a one-shot child.
+    """
+
+    def __init__(self, proc: subprocess.Popen, marker: str, result_fd: int, request_fd: int,
+                 io_dir: Path, run: ChildRun) -> None:
+        self.proc = proc
+        self.marker = marker
+        self.run = run
+        self.ended: dict | None = None  # how the child ended, once it has
+        self.calls = 0
+        self._result_fd = result_fd
+        self._request_fd = request_fd
+        self._io_dir = io_dir
+        self._buffer = b""
+        self._started = time.monotonic()
+        self._closed = False
+        os.set_blocking(result_fd, False)
+        os.set_blocking(request_fd, False)
+
+    @property
+    def imported(self) -> bool:
+        return self.run.imported and self.ended is None
+
+    def call(self, request: dict, timeout: float = CALL_TIMEOUT) -> dict:
+        """Send one request (the probe's format; an "id" is added) and wait at most `timeout`."""
+        if self.ended is not None:
+            return {"outcome": self.ended, "observed": {}}
+        self.calls += 1
+        deadline = time.monotonic() + timeout
+        line = json.dumps({**request, "id": self.calls}, separators=(",", ":")).encode() + b"\n"
+        if self._write(line, deadline):
+            reply = self._wait_for(lambda r: r.get("event") == "reply" and r.get("id") == self.calls, deadline)
+            if reply is not None:
+                return reply
+        return {"outcome": self._end(timeout), "observed": {}}
+
+    def wait_imported(self, timeout: float) -> bool:
+        """Wait (bounded) until the module is imported; if it is not, end the child."""
+        found = self._wait_for(lambda r: r.get("event") in ("imported", "import_failed"),
+                               time.monotonic() + timeout)
+        if found is not None:
+            self.run.records.append(found)
+        if found is None or found["event"] != "imported":
+            self._end(timeout)
+            return False
+        return True
+
+    def close(self) -> None:
+        """Kill the child's group and marked escapees, collect its output; safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            os.close(self._request_fd)  # EOF: a serving probe returns by itself
+            _kill(self.proc, self.marker)
+            self.run.exit_code = self.proc.returncode
+            self.run.stdout = _read_capped(self._io_dir / "stdout")
+            self.run.stderr = _read_capped(self._io_dir / "stderr")
+        finally:
+            os.close(self._result_fd)
+            shutil.rmtree(self._io_dir, ignore_errors=True)
+            self.run.ended_at = time.time()
+            self.run.seconds = time.monotonic() - self._started
+
+    # -- the pipes --------------------------------------------------------------------------
+
+    def _write(self, data: bytes, deadline: float) -> bool:
+        with selectors.DefaultSelector() as sel:
+            sel.register(self._request_fd, selectors.EVENT_WRITE)
+            while data:
+                if self.proc.poll() is not None:
+                    return False
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                if not sel.select(timeout=min(remaining, 0.05)):
+                    continue
+                try:
+                    data = data[os.write(self._request_fd, data):]
+                except BlockingIOError:
+                    continue
+                except (BrokenPipeError, OSError):
+                    return False
+        return True
+
+    def _wait_for(self, wanted: Callable[[dict], bool], deadline: float) -> dict | None:
+        """Read records until one is `wanted` (returned, not kept), the child exits or the deadline passes."""
+        with selectors.DefaultSelector() as sel:
+            sel.register(self._result_fd, selectors.EVENT_READ)
+            while True:
+                for record in self._records():
+                    if wanted(record):
+                        return record
+                    self.run.records.append(record)
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return None
+                exited = self.proc.poll() is not None
+                ready = sel.select(timeout=0 if exited else min(remaining, 0.05))
+                if not ready:
+                    if exited:
+                        return None
+                    continue
+                try:
+                    chunk = os.read(self._result_fd, 65536)
+                except BlockingIOError:
+                    continue
+                if not chunk:  # EOF: the child is gone (or closed its pipe); its exit status follows
+                    return None
+                if len(self._buffer) < MAX_RESULT_BYTES:
+                    self._buffer += chunk
+
+    def _records(self) -> list[dict]:
+        *lines, self._buffer = self._buffer.split(b"\n")
+        return _parse(b"\n".join(lines))
+
+    def _end(self, timeout: float) -> dict:
+        """The child did not answer: say how it ended (killing it if it still runs)."""
+        if self.ended is not None:
+            return self.ended
+        try:  # EOF comes a moment before the exit status is ready
+            self.proc.wait(timeout=0.2)
+        except subprocess.TimeoutExpired:
+            pass
+        if self.proc.poll() is None:
+            self.run.timed_out = True
+            _kill(self.proc, self.marker)
+            self.ended = {"kind": "timed_out", "seconds": timeout}
+            return self.ended
+        self._wait_for(lambda r: False, time.monotonic())  # keep what it said before dying
+        aborted = self.run.aborted
+        self.ended = ({"kind": "aborted", "error": aborted} if aborted is not None
+                      else {"kind": "died", "exit_code": self.proc.returncode})
+        return self.ended
+
+
+@contextmanager
+def child_session(
+    module: Path,
+    *,
+    workdir: Path,
+    timeout: float,
+    marker: str | None = None,
+    module_name: str = "worker",
+    env: dict[str, str] | None = None,
+    probe: str = "labkit.probe:serve",
+    args: dict | None = None,
+) -> Iterator[ChildSession]:
+    """A child that stays up and answers `session.call(request)` one at a time.
+
+        with child_session(module, workdir=ctx.workdir, timeout=ctx.timeout) as session:
+            if session.imported:
+                reply = session.call({"fn": "parse_line", "args": [encode(b"EVENT 1 2\\n")]})
+
+    The same guarantees as `run_child`: one `spawn`, a private result pipe (and a private
+    request pipe), the student's stdout/stderr captured and capped, resource limits applied
+    in the child, every wait bounded (`timeout` for the import, each call its own), and on
+    every path out of the block the whole process group and every marked escapee killed.
+    """
+    marker = marker or reaper.new_marker()
+    io_dir = Path(tempfile.mkdtemp(prefix="labkit-io-"))
+    result_r, result_w = os.pipe()
+    request_r, request_w = os.pipe()
+    ours, theirs = (result_r, request_w), (result_w, request_r)
+    try:
+        with open(io_dir / "stdout", "wb") as out, open(io_dir / "stderr", "wb") as err:
+            proc = spawn(module, workdir=workdir, stdout=out, stderr=err, pass_fds=theirs,
+                         env=child_env(marker, {"LABKIT_RESULT_FD": str(result_w),
+                                                "LABKIT_REQUEST_FD": str(request_r), **(env or {})}))
+    except BaseException:
+        for fd in ours:
+            os.close(fd)
+        shutil.rmtree(io_dir, ignore_errors=True)
+        raise
+    finally:
+        for fd in theirs:
+            os.close(fd)
+    session = ChildSession(proc, marker, result_r, request_w, io_dir, ChildRun(started_at=time.time()))
+    try:
+        _send_request(proc, _start_request(module, module_name, probe, args or {}))
+        session.wait_imported(timeout)
+        yield session
+    finally:
+        session.close()

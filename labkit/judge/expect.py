@@ -168,13 +168,16 @@ def raises(name: str, hint: str = "") -> Callable[[dict], Miss | None]:
 
 
 def _special(record: dict, plan: Plan) -> Case | None:
-    """Skeleton and missing functions are reported the same way in every check."""
-    kind = record["outcome"].get("kind")
+    return grey_case(record["outcome"], plan.name, plan.called, plan.expected)
+
+
+def grey_case(outcome: dict, name: str, called: str, expected: str) -> Case | None:
+    """Skeleton and missing functions are reported the same way in every check (None otherwise)."""
+    kind = outcome.get("kind")
     if kind == "not_implemented":
-        return Case(plan.name, Outcome.NOT_IMPLEMENTED, plan.called, plan.expected,
-                    "not implemented yet", SKELETON_HINT)
+        return Case(name, Outcome.NOT_IMPLEMENTED, called, expected, "not implemented yet", SKELETON_HINT)
     if kind == "missing":
-        return Case(plan.name, Outcome.MISSING, plan.called, plan.expected,
+        return Case(name, Outcome.MISSING, called, expected,
                     "the function is not defined in your module",
                     "Run the step's cell (it writes your code into the module), and keep the function's name.")
     return None
@@ -215,16 +218,29 @@ def _unreported(run: ChildRun, plan: Plan, stuck: str | None, timeout: float) ->
         return Case(plan.name, Outcome.NOT_REACHED, plan.called, plan.expected,
                     "not run: an earlier case in this step hung or ended the process")
     if run.timed_out:
-        return Case(plan.name, Outcome.TIMED_OUT, plan.called, plan.expected,
-                    f"no answer within {timeout:g} s; the process was killed",
+        ended = {"kind": "timed_out", "seconds": timeout}
+    elif run.aborted is not None:
+        ended = {"kind": "aborted", "error": run.aborted}
+    else:
+        ended = {"kind": "died", "exit_code": run.exit_code}
+    return ended_case(ended, plan.name, plan.called, plan.expected)
+
+
+def ended_case(ended: dict, name: str, called: str, expected: str) -> Case:
+    """A call that never answered because the child hung ("timed_out"), left through SystemExit
+    or another BaseException ("aborted") or died ("died"): the kinds `child` reports."""
+    kind = ended["kind"]
+    if kind == "timed_out":
+        return Case(name, Outcome.TIMED_OUT, called, expected,
+                    f"no answer within {ended['seconds']:g} s; the process was killed",
                     "Look for a loop that never ends or a wait without a timeout.")
-    if run.aborted is not None:
-        return Case(plan.name, Outcome.RAISED, plan.called, plan.expected,
-                    f"ended the process: {describe(run.aborted)}",
+    if kind == "aborted":
+        return Case(name, Outcome.RAISED, called, expected,
+                    f"ended the process: {describe(ended['error'])}",
                     "Don't call sys.exit() or raise BaseException subclasses from lab functions.",
-                    run.aborted.get("trace", ""))
-    return Case(plan.name, Outcome.DIED, plan.called, plan.expected,
-                f"the process died (exit code {run.exit_code}) before answering",
+                    ended["error"].get("trace", ""))
+    return Case(name, Outcome.DIED, called, expected,
+                f"the process died (exit code {ended.get('exit_code')}) before answering",
                 "Something in your code ended the interpreter (os._exit, a crash, or the memory limit).")
 
 

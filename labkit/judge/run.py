@@ -46,6 +46,19 @@ class LabSpec:
                 return spec
         raise KeyError(number)
 
+    def dependents(self, number: int | str) -> set[str]:
+        """Every step that builds on step `number`, directly or through another step."""
+        found: set[str] = set()
+        changed = True
+        while changed:
+            changed = False
+            for spec in self.steps:
+                needs = {str(n) for n in spec.requires}
+                if str(spec.step) not in found and (str(number) in needs or needs & found):
+                    found.add(str(spec.step))
+                    changed = True
+        return found
+
 
 @dataclass
 class StepContext:
@@ -59,6 +72,7 @@ class StepContext:
     timeout: float
     evidence: Evidence = field(default_factory=Evidence)
     markers: list[str] = field(default_factory=list)
+    step: int | str = ""  # the step this context runs (seeds what is derived per step)
 
     def marker(self) -> str:
         """A fresh run marker for a process this step starts; killed when the step ends."""
@@ -87,7 +101,7 @@ class StepContext:
 def _run_step(lab: LabSpec, spec: StepSpec, solution: Path, seed: int, timeout: float) -> StepVerdict:
     started = time.monotonic()
     workdir = Path(tempfile.mkdtemp(prefix="labkit-"))
-    ctx = StepContext(lab, solution, workdir, random.Random(f"{seed}:{spec.step}"), seed, timeout)
+    ctx = StepContext(lab, solution, workdir, random.Random(f"{seed}:{spec.step}"), seed, timeout, step=spec.step)
     verdict = StepVerdict(spec.step, spec.title, spec.points)
     try:
         verdict.cases = spec.run(ctx)

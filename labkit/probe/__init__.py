@@ -7,6 +7,8 @@ judge never sees the student's objects, only these descriptions of them.
 from __future__ import annotations
 
 import copy
+import functools
+import importlib
 import json
 import os
 import sqlite3
@@ -98,18 +100,68 @@ def noop(module: ModuleType, args: dict) -> None:
     """Import only: used to find out once whether the module loads at all."""
 
 
-def calls(module: ModuleType, args: dict) -> None:
-    """Generic probe: one plain function call per case, with decoded arguments.
+SIZED = (str, bytes, bytearray, list, dict, tuple)
 
-    Also observes whether the input was modified and whether the input object itself came
-    back ("returns a new dict/list" in the contracts)."""
+
+def received(values: list) -> list[dict]:
+    """What a call is about to receive, per argument: its exact type name and, for str, bytes,
+    bytearray, list, dict and tuple, its length. Reported under the observation key
+    `received` by every probe that passes arguments, so a test can check that a case called
+    "a bytearray of 65 bytes" really sent one."""
+    out = []
+    for value in values:
+        seen = {"type": type(value).__name__}
+        if type(value) in SIZED:
+            seen["len"] = len(value)
+        out.append(seen)
+    return out
+
+
+def call_observed(fn: Callable | None, values: list) -> tuple[dict, dict]:
+    """Call `fn(*values)`; the outcome, and what the generic probes observe around the call:
+    `received` (see above), `input_changed` (the call modified an argument) and
+    `returned_input` (it returned its first argument itself, not a new object)."""
+    seen = received(values)
+    before = encode(copy.deepcopy(values))
+    outcome, value = call_keep(fn, *values)
+    returned_input = outcome["kind"] == "returned" and bool(values) and value is values[0]
+    return outcome, {"received": seen, "input_changed": encode(values) != before,
+                     "returned_input": returned_input}
+
+
+def calls(module: ModuleType, args: dict) -> None:
+    """Generic probe: one plain function call per case, with decoded arguments
+    (observations: see `call_observed`)."""
     for spec in args["calls"]:
         started(spec["name"])
-        values = [decode(a) for a in spec["args"]]
-        before = encode(copy.deepcopy(values))
-        outcome, value = call_keep(function(module, spec["fn"]), *values)
-        returned_input = outcome["kind"] == "returned" and bool(values) and value is values[0]
-        report(spec["name"], outcome, input_changed=encode(values) != before, returned_input=returned_input)
+        outcome, observed = call_observed(function(module, spec["fn"]), [decode(a) for a in spec["args"]])
+        report(spec["name"], outcome, **observed)
+
+
+def serve(module: ModuleType, args: dict) -> None:
+    """Persistent probe (`labkit.judge.child.child_session`): answer call requests one at a time.
+
+    Reads JSON lines from the private request pipe (LABKIT_REQUEST_FD) until the judge closes
+    it: `{"id": n, "fn": "parse_line", "args": [<encoded>...], "adapter": "checks.x_probes:f"}`.
+    Replies `{"event": "reply", "id": n, "outcome": <as call()>, "observed": <as call_observed()>}`.
+    Without an adapter it calls `module.fn(*args)`; with one it calls `adapter(fn, *args)`, so
+    a lab can build in the child what cannot cross the pipe (a `random.Random(seed)`, a
+    connection) before calling the student's function. A missing function is reported as
+    missing without calling the adapter.
+    """
+    adapters: dict[str, Callable] = {}
+    with os.fdopen(int(os.environ["LABKIT_REQUEST_FD"]), "rb", closefd=True) as requests:
+        for line in requests:
+            request = json.loads(line)
+            fn = function(module, request["fn"])
+            name = request.get("adapter")
+            if fn is not None and name:
+                if name not in adapters:
+                    target_module, _, target = name.partition(":")
+                    adapters[name] = getattr(importlib.import_module(target_module), target)
+                fn = functools.partial(adapters[name], fn)
+            outcome, observed = call_observed(fn, [decode(a) for a in request["args"]])
+            emit({"event": "reply", "id": request["id"], "outcome": outcome, "observed": observed})
 
 
 @contextmanager

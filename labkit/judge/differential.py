@@ -1,0 +1,244 @@
+"""Differential property tests: the student's pure function against an oracle, on generated inputs.
+
+Hypothesis runs in the judge and draws argument tuples from a lab's strategy; each example is
+answered by the student's function in ONE child that stays up (`child.child_session`, ~0.2 ms
+a call) and by the oracle in the judge (`checks/oracles/<lab>.py`, never visible to the child).
+On the first disagreement Hypothesis shrinks the input, and the step gets ONE failing case:
+`called` is the shrunk call, `expected` the oracle's outcome, `got` the student's, and `hint`
+and `clauses` come from the lab's `clause_of(*shrunk_args)`. Agreement on every example gives
+one passing case tagged with `clauses`.
+
+    from hypothesis import strategies as st          # inside the check: the import costs ~0.2 s
+    from checks.oracles.vending import parse_line as oracle
+    from labkit.judge.differential import differential
+
+    def check_parse(ctx):
+        frames = st.tuples(st.binary(max_size=70) | near_frames())
+        return differential(ctx, "parse_line", frames, oracle, clause_of=frame_clause,
+                            clauses=("1.frame", "1.ranges", "1.leading-zeros"))
+
+Outcomes are compared by class: both return values equal under `labkit.values.same` (True != 1,
+tuple != list), or both raise and the student's exception is-a the oracle's class (by name,
+as `expect.raises` matches). With `unchanged="4.no-mutation"`, a call that modifies its
+arguments disagrees too, attributed to that clause.
+
+Determinism: Hypothesis is seeded from the verdict seed, the step and the function name
+(`hypothesis.seed`), uses no database, no deadline, no timing health check, stops at the first
+bug, and the count of examples (`examples`) and of calls while shrinking (`shrink_calls`) are
+bounded, so the same module and seed give the same verdict and the same counterexample. Every
+answer is cached by input, so a replay never asks the child twice. The wall-clock limit
+(`limits.PROPERTY_SECONDS`, ~30x a reference run) is only a backstop: it trips for a function
+that is slow in itself, and then the case says so (timed out), whatever was found before.
+
+A call that hangs (`limits.CALL_TIMEOUT`), kills the child or calls sys.exit() ends the test at
+that input, unshrunk, as the named outcome; a skeleton or a missing function is the usual grey
+case; a module that does not import is an import failure.
+
+Threads: a lab's steps run in parallel threads in one judge process. Hypothesis supports
+running tests from several threads at once since 6.136.9 (its engine constants, build context
+and global-random handling are thread-local; before that, separate tests in threads "mostly
+worked" but were unsupported). Each call here builds its own test function, so no lock is
+needed; tests/test_differential.py runs several at once and compares with the serial verdicts.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from labkit import probe
+from labkit.judge import expect
+from labkit.judge.child import child_session
+from labkit.judge.run import StepContext
+from labkit.judge.verdict import Case, Outcome
+from labkit.limits import CALL_TIMEOUT, PROPERTY_EXAMPLES, PROPERTY_SECONDS
+from labkit.values import decode, encode, same, show
+
+if TYPE_CHECKING:
+    from hypothesis.strategies import SearchStrategy
+
+# Calls allowed while shrinking, beyond the examples: enough to shrink the inputs of these
+# labs to a minimum (measured: under 200), and a hard stop for determinism and time.
+SHRINK_CALLS = 400
+UNCHANGED_HINT = "Never modify the input: build and return a new value."
+ENDING = ("timed_out", "died", "aborted", "not_implemented", "missing")
+
+
+@dataclass
+class Finding:
+    """One example where the student's function and the oracle disagree."""
+
+    args: tuple
+    student: dict  # the child's outcome (probe.call's description, or how the child ended)
+    oracle: dict  # the oracle's outcome, described the same way
+    mutated: bool = False
+
+    @property
+    def ends(self) -> bool:
+        """The child cannot answer again (or never will): stop here, don't shrink."""
+        return self.student.get("kind") in ENDING
+
+
+class _Disagree(Exception):  # noqa: N818 - Hypothesis shrinks whatever the test raises
+    def __init__(self, finding: Finding) -> None:
+        super().__init__(finding.args)
+        self.finding = finding
+
+
+class _Stop(BaseException):  # noqa: N818 - a BaseException: Hypothesis lets it through unshrunk
+    def __init__(self, finding: Finding | None) -> None:
+        super().__init__()
+        self.finding = finding
+
+
+def differential(
+    ctx: StepContext,
+    fn: str,
+    strategy: SearchStrategy[tuple],
+    oracle: Callable[..., Any],
+    clause_of: Callable[..., tuple[str, str]],
+    *,
+    clauses: tuple[str, ...],
+    adapter: str | None = None,
+    examples: int = PROPERTY_EXAMPLES,
+    shrink_calls: int = SHRINK_CALLS,
+    name: str | None = None,
+    show_call: Callable[..., str] | None = None,
+    unchanged: str | None = None,
+) -> list[Case]:
+    """Compare the student's `fn` with `oracle` on `examples` argument tuples drawn from `strategy`.
+
+    `strategy` yields a tuple of positional arguments (values `labkit.values` carries).
+    `oracle(*args)` returns or raises what the contract says. `clause_of(*args)` returns
+    `(clause_id, hint)`: the clause an input belongs to and the hint for a student who got it
+    wrong. `clauses` tags the passing case (every clause the strategy reaches). `adapter`
+    ("checks.<lab>_probes:function") is called in the child as `adapter(student_fn, *args)`.
+    `show_call(*args)` writes the `called` line (default `fn(arg, ...)`). `unchanged` names
+    the clause broken by a call that modifies its arguments (None: not checked).
+    Returns one Case.
+    """
+    from hypothesis import HealthCheck, Phase, Verbosity, given, seed, settings
+
+    name = name or f"{fn} agrees with the contract on generated inputs"
+    show_call = show_call or (lambda *args: f"{fn}({', '.join(show(a, 80) for a in args)})")
+    answers: dict[str, Finding | None] = {}
+    budget = {"calls": 0, "limit": examples + shrink_calls}
+    deadline = time.monotonic() + PROPERTY_SECONDS
+
+    with child_session(ctx.solution, workdir=ctx.workdir, timeout=ctx.timeout, marker=ctx.marker(),
+                       module_name=ctx.lab.module_name) as session:
+
+        def answer(args: tuple) -> Finding | None:
+            encoded = [encode(a) for a in args]
+            key = json.dumps(encoded)
+            if key in answers:
+                return answers[key]
+            if budget["calls"] >= budget["limit"]:
+                return None  # out of calls: shrinking stops improving, the best so far stands
+            if time.monotonic() > deadline:
+                raise _Stop(None)
+            budget["calls"] += 1
+            reply = session.call({"fn": fn, "args": encoded, "adapter": adapter},
+                                 timeout=min(CALL_TIMEOUT, ctx.timeout))
+            expected = probe.call(oracle, *copy.deepcopy(args))
+            answers[key] = _disagreement(args, reply, expected, unchanged is not None)
+            return answers[key]
+
+        def agrees(args: tuple) -> None:
+            finding = answer(args)
+            if finding is not None and finding.ends:
+                raise _Stop(finding)
+            if finding is not None:
+                raise _Disagree(finding)
+
+        test = settings(
+            database=None, max_examples=examples, deadline=None, derandomize=False,
+            phases=(Phase.explicit, Phase.generate, Phase.shrink), report_multiple_bugs=False,
+            suppress_health_check=(HealthCheck.too_slow,), verbosity=Verbosity.quiet, print_blob=False,
+        )(seed(_seed(ctx, fn))(given(strategy)(agrees)))
+        if not session.imported:
+            finding = stop = None
+        else:
+            finding, stop = _run(test)
+    if not session.run.imported:
+        got, hint, trace = expect.import_problem(session.run, ctx.timeout)
+        return [Case(name, Outcome.IMPORT_FAILED, f"import {ctx.lab.module_name}", "the module loads",
+                     got, hint, trace, clauses=clauses)]
+    if stop is not None and stop.finding is None:
+        return [Case(name, Outcome.TIMED_OUT, f"{fn} on generated inputs", "an answer to each in well under a second",
+                     f"{budget['calls']} calls took more than {PROPERTY_SECONDS:g} s in all",
+                     f"Each call of {fn} should take well under a millisecond: look for slow loops or sleeps.",
+                     clauses=clauses)]
+    if stop is not None:
+        finding = stop.finding
+    if finding is None:
+        return [Case(name, Outcome.PASSED, f"{fn} on {budget['calls']} generated inputs",
+                     "the contract's outcome for each", clauses=clauses)]
+    return [_failing_case(finding, name, show_call, clause_of, unchanged, clauses)]
+
+
+def _run(test: Callable[[], None]) -> tuple[Finding | None, _Stop | None]:
+    try:
+        test()
+    except _Stop as stop:
+        return None, stop
+    except _Disagree as disagree:
+        return disagree.finding, None
+    return None, None
+
+
+def _seed(ctx: StepContext, fn: str) -> int:
+    """One seed per verdict seed, step and function, independent of what else the check draws."""
+    digest = hashlib.sha256(f"{ctx.seed}:{ctx.step}:{fn}".encode()).digest()
+    return int.from_bytes(digest[:8], "big")
+
+
+def _disagreement(args: tuple, reply: dict, expected: dict, check_unchanged: bool) -> Finding | None:
+    got = reply["outcome"]
+    if check_unchanged and reply.get("observed", {}).get("input_changed"):
+        return Finding(args, got, expected, mutated=True)
+    return None if agree(got, expected) else Finding(args, got, expected)
+
+
+def agree(got: dict, expected: dict) -> bool:
+    """The same outcome class: equal return values (typed), or an exception that is-a the expected one."""
+    if expected.get("kind") == "returned":
+        return got.get("kind") == "returned" and same(decode(got["value"]), decode(expected["value"]))
+    if expected.get("kind") == "raised":
+        return got.get("kind") == "raised" and expected["type"] in got.get("mro", ())
+    return False
+
+
+def _expected_text(outcome: dict) -> str:
+    if outcome.get("kind") == "returned":
+        return show(decode(outcome["value"]))
+    if outcome.get("kind") == "raised":
+        return outcome["type"]
+    return expect.describe(outcome)
+
+
+def _failing_case(finding: Finding, name: str, show_call: Callable[..., str],
+                  clause_of: Callable[..., tuple[str, str]], unchanged: str | None,
+                  clauses: tuple[str, ...]) -> Case:
+    called, expected = show_call(*finding.args), _expected_text(finding.oracle)
+    student = finding.student
+    grey = expect.grey_case(student, name, called, expected)
+    if grey is not None:
+        grey.clauses = clauses
+        return grey
+    clause, hint = clause_of(*finding.args)
+    if student.get("kind") in ("timed_out", "died", "aborted"):
+        case = expect.ended_case(student, name, called, expected)
+        case.clauses = (clause,)
+        return case
+    if finding.mutated:
+        return Case(name, Outcome.WRONG, called, expected, f"{expect.describe(student)}, and modified its input",
+                    UNCHANGED_HINT, clauses=(unchanged,))
+    outcome = Outcome.RAISED if student.get("kind") == "raised" else Outcome.WRONG
+    return Case(name, outcome, called, expected, expect.describe(student), hint,
+                student.get("trace", "") if outcome is Outcome.RAISED else "", clauses=(clause,))

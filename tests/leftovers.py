@@ -1,0 +1,59 @@
+"""What a judge run could leave behind, counted before and after it (see `conftest.nothing_left`).
+
+A snapshot holds: processes carrying a marker with our prefix (found as the reaper finds them,
+through /proc/*/environ), child processes of this test process, zombies among them, listening
+TCP sockets of this process and its children, and the judge's `labkit-*` temp dirs in a
+private temp dir. Two snapshots must be equal.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import psutil
+
+from labkit.limits import RUN_MARKER
+
+
+def marked(prefix: str) -> set[int]:
+    """Like reaper.marked_pids, for every marker that starts with `prefix`."""
+    needle = f"{RUN_MARKER}={prefix}".encode()
+    found = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid():
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as fh:
+                    if needle in fh.read():
+                        found.add(int(entry))
+            except OSError:
+                continue
+    return found
+
+
+def snapshot(prefix: str, private: Path) -> dict:
+    me = psutil.Process()
+    children = me.children(recursive=True)
+    listening = set()
+    for proc in [me, *children]:
+        try:
+            listening |= {(proc.pid, c.laddr.port) for c in proc.net_connections(kind="tcp")
+                          if c.status == psutil.CONN_LISTEN}
+        except psutil.NoSuchProcess:
+            continue
+    zombies = set()
+    for child in children:
+        try:
+            if child.status() == psutil.STATUS_ZOMBIE:
+                zombies.add(child.pid)
+        except psutil.NoSuchProcess:
+            continue
+    return {
+        "marked processes": marked(prefix),
+        "children": {c.pid for c in children},
+        "zombies": zombies,
+        "listening sockets": listening,
+        "labkit temp dirs": sorted(p.name for p in private.glob("labkit-*")),
+    }
+
+

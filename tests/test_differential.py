@@ -1,0 +1,191 @@
+"""Differential property tests (`labkit.judge.differential`), on a toy lab.
+
+The toy contract: `parse_count(text)` takes a str of ASCII digits without leading zeros
+(except "0" itself) naming 0..1000, and returns that int; anything else is ValueError. The
+oracle lives here, in the judge; toy student modules get it right or wrong in one way each.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from labkit.judge import differential as differential_module
+from labkit.judge.differential import differential
+from labkit.judge.run import LabSpec, StepContext, StepSpec, run_lab
+from labkit.judge.verdict import Outcome
+
+
+def oracle(text):
+    if type(text) is not str or not text.isascii() or not text.isdigit():
+        raise ValueError("digits only")
+    if text != "0" and text.startswith("0"):
+        raise ValueError("no leading zeros")
+    if int(text) > 1000:
+        raise ValueError("0..1000")
+    return int(text)
+
+
+def clause_of(text):
+    if type(text) is str and text.isascii() and text.isdigit() and not text.startswith("0"):
+        return "1.range", "The count ranges from 0 to 1000."
+    return "1.digits", "Only ASCII digits, no sign, no leading zeros."
+
+
+def check(ctx: StepContext):
+    from hypothesis import strategies as st
+
+    # near every clause: both ends of the range, leading zeros, signs and spaces, any short text
+    numbers = (st.integers(-3, 12) | st.integers(995, 1005) | st.integers(-20, 2000)).map(str)
+    near = st.tuples(st.sampled_from(["0", "+", " ", "-"]), numbers).map("".join)
+    return differential(ctx, "parse_count", st.tuples(numbers | near | st.text(max_size=6)), oracle,
+                        clause_of, clauses=("1.range", "1.digits"))
+
+
+def check_mutation(ctx: StepContext):
+    from hypothesis import strategies as st
+
+    return differential(ctx, "total", st.tuples(st.lists(st.integers(0, 9), max_size=5)), sum,
+                        lambda items: ("2.sum", "Add them up."), clauses=("2.sum",), unchanged="2.no-mutation")
+
+
+TOY = LabSpec("toy", "toy", "labkit.probe", [StepSpec(1, "parse_count", 1, check),
+                                              StepSpec(2, "total", 1, check_mutation)])
+
+CORRECT = '''\
+def parse_count(text):
+    if type(text) is not str or not text.isascii() or not text.isdigit():
+        raise ValueError("digits only")
+    if len(text) > 1 and text[0] == "0":
+        raise ValueError("no leading zeros")
+    value = int(text)
+    if value > 1000:
+        raise ValueError("too big")
+    return value
+
+
+def total(items):
+    return sum(items)
+'''
+
+
+def student(tmp_path: Path, source: str = CORRECT, **replace: str) -> Path:
+    for old, new in replace.items():
+        assert old in source
+        source = source.replace(old, new)
+    path = tmp_path / "toy.py"
+    path.write_text(source)
+    return path
+
+
+def student_dir(tmp_path: Path, n: int) -> Path:
+    folder = tmp_path / str(n)
+    folder.mkdir()
+    return folder
+
+
+def judge(path: Path, seed: int = 1, step: int = 1):
+    return run_lab(TOY, path, steps=[step], seed=seed).steps[0].cases
+
+
+def test_a_correct_module_passes_with_one_case_tagged_with_every_clause(tmp_path, nothing_left):
+    with nothing_left():
+        cases = judge(student(tmp_path))
+    assert [(c.outcome, c.clauses) for c in cases] == [(Outcome.PASSED, ("1.range", "1.digits"))]
+    assert cases[0].called.startswith("parse_count on ")
+
+
+def test_a_module_wrong_on_one_input_fails_with_the_shrunk_input_and_its_clause(tmp_path, nothing_left):
+    with nothing_left():
+        [case] = judge(student(tmp_path, **{"value > 1000": "value > 1001"}))
+    assert case.outcome is Outcome.WRONG
+    assert case.called == "parse_count('1001')"
+    assert (case.expected, case.got) == ("ValueError", "returned 1001")
+    assert case.clauses == ("1.range",)
+    assert case.hint == "The count ranges from 0 to 1000."
+
+
+def test_an_unexpected_exception_is_reported_with_the_students_traceback(tmp_path):
+    [case] = judge(student(tmp_path, **{'raise ValueError("no leading zeros")': "raise KeyError(text)"}))
+    assert case.outcome is Outcome.RAISED
+    assert case.called == "parse_count('00')"
+    assert case.got.startswith("raised KeyError")
+    assert "toy.py" in case.trace and case.clauses == ("1.digits",)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4, 5])
+def test_the_same_seed_gives_the_same_verdict_and_counterexample(tmp_path, seed):
+    path = student(tmp_path, **{"not text.isdigit()": "not text.strip('+').isdigit()"})
+    first, again = judge(path, seed), judge(path, seed)
+    assert first == again
+    assert first[0].outcome is Outcome.WRONG and first[0].clauses == ("1.digits",)
+
+
+def test_a_hanging_function_is_timed_out_at_the_input_that_hung(tmp_path, nothing_left, monkeypatch):
+    monkeypatch.setenv("LABKIT_STEP_TIMEOUT", "1")
+    hangs = student(tmp_path, **{"    value = int(text)\n": "    value = int(text)\n    while value == 7:\n        pass\n"})
+    with nothing_left():
+        started = time.monotonic()
+        [case] = judge(hangs)
+    assert time.monotonic() - started < 8
+    assert case.outcome is Outcome.TIMED_OUT
+    assert case.called == "parse_count('7')"
+    assert case.got == "no answer within 1 s; the process was killed"
+
+
+@pytest.mark.parametrize(("line", "outcome", "got"), [
+    ("import os; os._exit(9)", Outcome.DIED, "the process died (exit code 9) before answering"),
+    ("import sys; sys.exit(2)", Outcome.RAISED, "ended the process: raised SystemExit: 2"),
+], ids=["os._exit", "sys.exit"])
+def test_a_function_that_ends_the_child_is_a_named_outcome(tmp_path, nothing_left, line, outcome, got):
+    path = student(tmp_path, **{"    value = int(text)\n": f"    value = int(text)\n    if value == 3:\n        {line}\n"})
+    with nothing_left():
+        [case] = judge(path)
+    assert (case.outcome, case.got, case.called) == (outcome, got, "parse_count('3')")
+
+
+@pytest.mark.parametrize(("source", "outcome"), [
+    ("def parse_count(text):\n    raise NotImplementedError\n", Outcome.NOT_IMPLEMENTED),
+    ("def other(text):\n    return 1\n", Outcome.MISSING),
+    ("raise ImportError('nope')\n", Outcome.IMPORT_FAILED),
+], ids=["skeleton", "missing", "does not import"])
+def test_grey_and_import_outcomes_are_the_usual_ones(tmp_path, nothing_left, source, outcome):
+    """Called directly (run_lab checks the import itself before any step)."""
+    path = student(tmp_path, source)
+    workdir = student_dir(tmp_path, 0)
+    ctx = StepContext(TOY, path, workdir, random.Random(1), 1, 5.0, step=1)
+    with nothing_left():
+        [case] = check(ctx)
+    assert case.outcome is outcome
+    assert case.clauses == ("1.range", "1.digits")
+
+
+def test_a_call_that_modifies_its_input_fails_the_no_mutation_clause(tmp_path):
+    path = student(tmp_path, **{"    return sum(items)\n": "    items.append(0)\n    return sum(items)\n"})
+    [case] = judge(path, step=2)
+    assert case.outcome is Outcome.WRONG and case.clauses == ("2.no-mutation",)
+    assert case.called == "total([])" and case.got == "returned 0, and modified its input"
+
+
+def test_a_slow_function_trips_the_backstop_as_a_timed_out_case(tmp_path, monkeypatch):
+    monkeypatch.setattr(differential_module, "PROPERTY_SECONDS", 0.5)
+    slow = student(tmp_path, **{"    value = int(text)\n": "    import time; time.sleep(0.02)\n    value = int(text)\n"})
+    [case] = judge(slow)
+    assert case.outcome is Outcome.TIMED_OUT
+    assert "took more than 0.5 s in all" in case.got
+
+
+def test_property_tests_in_parallel_threads_give_the_serial_verdicts(tmp_path):
+    """Steps run in threads of one judge process: Hypothesis must not mix their runs up."""
+    paths = [student(student_dir(tmp_path, n), **change) for n, change in enumerate([
+        {}, {"value > 1000": "value > 1001"}, {"not text.isdigit()": "not text.strip('+').isdigit()"},
+        {'text[0] == "0"': 'text[0] == "9"'}])]
+    jobs = [(path, seed) for path in paths for seed in (1, 2)]
+    serial = [judge(path, seed) for path, seed in jobs]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        for _ in range(2):
+            assert list(pool.map(lambda job: judge(*job), jobs)) == serial
