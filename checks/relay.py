@@ -1,11 +1,11 @@
 """Lab `relay` — two publishers, one outbox: leases, fencing tokens, quarantine (contract: labs/relay.md).
 
-One check per contract step, then the final check. Each check prepares real SQLite files with
-the judge's own connections — with an audit trigger that records every change of an outbox row,
-inside the student's own transaction — lets child processes run the student's `relay.py` (see
-`relay_probes.py`), and judges what it then observes itself: the files, the audit, the
-warehouse's request log, exit codes and /proc. A child's report counts for return values only.
-The judge's clock (`now`) is used everywhere except the final check's real 0.3 s leases.
+One check per contract step; the final check is in `relay_final.py`. Each check prepares real
+SQLite files with the judge's own connections (`relay_outbox.py`: the contract's schema plus an
+audit trigger that records every change of a row, inside the student's own transaction), lets
+child processes run the student's `relay.py` (see `relay_probes.py`), and judges what it then
+observes itself: the files, the audit, exit codes. A child's report counts for return values
+only. Time is the judge's clock (`now`): nothing here sleeps.
 """
 
 from __future__ import annotations
@@ -13,28 +13,39 @@ from __future__ import annotations
 import json
 import math
 import random
-import shutil
 import sqlite3
 import string
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from checks.oracles import relay as oracle
 from checks.relay_contract import CLAUSES
-from labkit.judge import reaper, stores
-from labkit.judge.child import ChildRun, run_child
+from checks.relay_final import check_final
+from checks.relay_outbox import (
+    TOKEN_HINT,
+    audit,
+    claims_in,
+    copies,
+    counter,
+    event,
+    make_outbox,
+    name,
+    row,
+    row_is,
+    rows_of,
+    same_number,
+    shown,
+    unchanged,
+)
+from labkit.judge import stores
 from labkit.judge.expect import (
-    SKELETON_HINT,
     TRANSACTION_HINT,
     Miss,
     Plan,
     both,
     closed_on_error,
     describe,
-    import_problem,
     is_module_exception,
     no_open_transaction,
     raises,
@@ -47,151 +58,9 @@ from labkit.judge.verdict import Case, Outcome
 from labkit.values import decode, encode, same, show
 
 BOOL_HINT = "`True` is an `int` in Python (`isinstance(True, int)` is True): test `type(x) is int`."
-TOKEN_HINT = ("Compare the row's `fence` with the caller's token: only `state = 'leased'` with exactly "
-              "this fence may change. The token decides, not the clock and not the owner's name.")
 ONE_TX_HINT = ("Select and update in one `BEGIN IMMEDIATE` transaction (`with write_transaction(con):` "
                "around both): the write lock must be taken before the SELECT, so a second publisher waits "
                "and then sees your claims.")
-
-SCHEMA = """
-CREATE TABLE outbox(seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL UNIQUE, body TEXT NOT NULL,
-    state TEXT NOT NULL DEFAULT 'pending' CHECK (state IN ('pending','leased','sent','quarantined')),
-    attempts INTEGER NOT NULL DEFAULT 0, owner TEXT, lease_until REAL, fence INTEGER NOT NULL DEFAULT 0,
-    due REAL NOT NULL DEFAULT 0, last_error TEXT);
-CREATE TABLE fence_counter(id INTEGER PRIMARY KEY CHECK (id = 1), last INTEGER NOT NULL);
-"""
-# The judge's instrument: every change of a row, recorded by SQLite inside the writer's own
-# transaction (a rolled-back change leaves no trace), with the wall-clock time of the write.
-AUDIT = """
-CREATE TABLE judge_audit(n INTEGER PRIMARY KEY AUTOINCREMENT, t REAL, seq INTEGER, id TEXT, state TEXT,
-    owner TEXT, lease_until REAL, fence INTEGER, attempts INTEGER, due REAL, last_error TEXT);
-CREATE TRIGGER judge_audit_update AFTER UPDATE ON outbox BEGIN
-    INSERT INTO judge_audit(t, seq, id, state, owner, lease_until, fence, attempts, due, last_error)
-    VALUES ((julianday('now') - 2440587.5) * 86400.0, NEW.seq, NEW.id, NEW.state, NEW.owner,
-            NEW.lease_until, NEW.fence, NEW.attempts, NEW.due, NEW.last_error);
-END;
-"""
-FIELDS = ("seq", "id", "body", "state", "attempts", "owner", "lease_until", "fence", "due", "last_error")
-AUDITED = ("n", "t", "seq", "id", "state", "owner", "lease_until", "fence", "attempts", "due", "last_error")
-
-
-# --- the judge's own view of an outbox ------------------------------------------------------
-
-
-def event(event_id: str, sku: str = "snack", qty: int = 1) -> dict:
-    return {"id": event_id, "sku": sku, "qty": qty}
-
-
-def name(rng: random.Random, prefix: str, length: int = 5) -> str:
-    return prefix + "-" + "".join(rng.choices(string.ascii_lowercase + string.digits, k=length))
-
-
-def row(event_id: str, qty: int = 1, **fields) -> dict:
-    """An outbox row to seed: pending and due at 0 unless `fields` say otherwise."""
-    return {"id": event_id, "body": stores.canonical(event(event_id, "snack", qty)), "state": "pending",
-            "attempts": 0, "owner": None, "lease_until": None, "fence": 0, "due": 0.0, "last_error": None,
-            **fields}
-
-
-def make_outbox(path: Path, rows: list[dict] = (), counter: int = 0, audit: bool = True,
-                wal: bool = True) -> Path:
-    """An outbox file as the contract's schema says, seeded with `rows` (seq = 1, 2, ...)."""
-    with closing(stores.connect(path)) as con:
-        con.execute("PRAGMA synchronous = OFF")  # a temp seed file: no fsync, other processes still see it
-        if wal:
-            con.execute("PRAGMA journal_mode = WAL")
-        con.executescript(SCHEMA)
-        con.execute("BEGIN")
-        con.execute("INSERT INTO fence_counter VALUES (1, ?)", (counter,))
-        names = FIELDS[1:]
-        con.executemany(f"INSERT INTO outbox({', '.join(names)}) VALUES ({', '.join('?' * len(names))})",
-                        [tuple(r[k] for k in names) for r in rows])
-        con.execute("COMMIT")
-        if audit:
-            con.executescript(AUDIT)
-    return path
-
-
-def copies(template: Path, folder: Path, names: list[str]) -> list[Path]:
-    """One copy of a closed outbox file per case, so no case sees another's changes."""
-    out = []
-    for label in names:
-        target = folder / f"{label}.db"
-        shutil.copyfile(template, target)
-        out.append(target)
-    return out
-
-
-def rows_of(path: Path) -> dict[int, dict]:
-    """Every outbox row by seq, read through the judge's own connection."""
-    return {r[0]: dict(zip(FIELDS, r, strict=True))
-            for r in stores.rows(path, f"SELECT {', '.join(FIELDS)} FROM outbox ORDER BY seq")}
-
-
-def counter(path: Path) -> list[tuple]:
-    return stores.rows(path, "SELECT id, last FROM fence_counter ORDER BY id")
-
-
-def audit(path: Path) -> list[dict]:
-    """Every row change the audit trigger recorded, in commit order."""
-    return [dict(zip(AUDITED, r, strict=True))
-            for r in stores.rows(path, f"SELECT {', '.join(AUDITED)} FROM judge_audit ORDER BY n")]
-
-
-def claims_in(entries: list[dict]) -> list[dict]:
-    """The audit entries that are claims: a row became leased with a new token."""
-    out, last_fence = [], {}
-    for e in entries:
-        if e["state"] == "leased" and last_fence.get(e["seq"]) != e["fence"]:
-            out.append(e)
-        last_fence[e["seq"]] = e["fence"]
-    return out
-
-
-def shown(r: dict | None) -> str:
-    if r is None:
-        return "no such row"
-    parts = [r["state"]]
-    if r["owner"] is not None:
-        parts.append(f"by {r['owner']!r}")
-    parts.append(f"token {r['fence']}")
-    if r["lease_until"] is not None:
-        parts.append(f"lease until {r['lease_until']:g}")
-    parts.append(f"attempts {r['attempts']}")
-    if r["state"] == "pending" and r["due"]:
-        parts.append(f"due {r['due']:g}")
-    if r["last_error"] is not None:
-        parts.append(f"last_error {r['last_error'][:60]!r}")
-    return ", ".join(parts)
-
-
-def row_is(path: Path, seq: int, hint: str, **expected) -> Callable[[dict], Miss | None]:
-    """After the child ended, the judge reads row `seq`: each named field has the expected value."""
-
-    def check(record: dict) -> Miss | None:
-        have = rows_of(path).get(seq)
-        wrong = [k for k, v in expected.items() if have is None or not _equal(have[k], v)]
-        if wrong:
-            want = ", ".join(f"{k} {expected[k]!r}" for k in wrong)
-            return Miss(f"the judge then read row {seq}: {shown(have)} (expected {want})", hint)
-        return None
-
-    return check
-
-
-def _equal(have, want) -> bool:
-    if isinstance(want, float) and isinstance(have, int | float) and not isinstance(have, bool):
-        return math.isclose(have, want, rel_tol=1e-12, abs_tol=1e-9)
-    return have == want
-
-
-def unchanged(path: Path, before: list, hint: str) -> Callable[[dict], Miss | None]:
-    def check(record: dict) -> Miss | None:
-        if stores.fingerprint(path) != before:
-            return Miss("the outbox changed", hint)
-        return None
-
-    return check
 
 
 def value(item) -> dict:
@@ -539,7 +408,7 @@ def _claim_cases(ctx: StepContext) -> list[Case]:
                             "Take each token from fence_counter: last + 1, stored back, one per claimed row, in "
                             "seq order. Never a per-row `fence + 1`, never a number kept in Python.",
                             clause="3.global-counter")
-            if not _equal(r["lease_until"], now + lease) or r["attempts"] != before[seq[label]]["attempts"] + 1:
+            if not same_number(r["lease_until"], now + lease) or r["attempts"] != before[seq[label]]["attempts"] + 1:
                 return Miss(f"row {seq[label]} is {shown(r)}",
                             f"Set lease_until = now + lease ({now + lease:g}) and attempts = attempts + 1.",
                             clause="3.row-update")
@@ -721,6 +590,10 @@ def _race_miss(runs, claims: list[dict], db: Path, start: int, total: int, timeo
             return Miss(f"publisher {owner}: {got.got}", got.hint, got.outcome, "3.one-transaction")
         record = run.cases()["claims"]
         for call in record["observed"]["calls"]:
+            if call["kind"] == "returned" and not isinstance(decode(call["value"]), list):
+                return Miss(f"publisher {owner}: claim {describe(call)}", "claim returns a list of new dicts "
+                                                                          "{seq, id, body, fence}.",
+                            clause="3.returns-dicts")
             if call["kind"] != "returned":
                 hint = (ONE_TX_HINT if call.get("type") == "OperationalError" else "claim must not fail when "
                         "another publisher claims at the same moment.")
@@ -753,7 +626,8 @@ def _race_miss(runs, claims: list[dict], db: Path, start: int, total: int, timeo
         return Miss(f"fence_counter is {counter(db)} after {total} claims from {start}",
                     "Store each token back into fence_counter.last.", clause="3.global-counter")
     for owner, run in zip(RACERS, runs, strict=True):
-        returned = [r for call in run.cases()["claims"]["observed"]["calls"] for r in (decode(call["value"]) or [])]
+        returned = [r for call in run.cases()["claims"]["observed"]["calls"] if call["kind"] == "returned"
+                    for r in _as_list(decode(call["value"]))]
         mine = {(c["seq"], c["fence"]) for c in claims if c["owner"] == owner}
         got = {(r.get("seq"), r.get("fence")) for r in returned if isinstance(r, dict)}
         if got != mine:
@@ -762,6 +636,10 @@ def _race_miss(runs, claims: list[dict], db: Path, start: int, total: int, timeo
                         "Return exactly the rows this call leased, with the tokens it stored.",
                         clause="3.one-transaction")
     return None
+
+
+def _as_list(value) -> list:
+    return value if isinstance(value, list) else []
 
 
 # --- step 4 ---------------------------------------------------------------------------------
@@ -924,7 +802,45 @@ def check_backoff(ctx: StepContext) -> list[Case]:
             ("cap a str", 1, 1.0, "10", "cap must be an int or a float.")):
         add(f"{label} is refused", attempt, base, cap, lambda *a, hint=hint: both(raises("ValueError", hint), _no_draw(a[0])),
             ("5.arg-ranges",), hint)
-    return ctx.cases("backoffs", plans, {"calls": calls})
+    cases = ctx.cases("backoffs", plans, {"calls": calls})
+    return cases + _backoff_property(ctx)
+
+
+def _backoff_property(ctx: StepContext) -> list[Case]:
+    """backoff against the oracle on inputs Hypothesis draws (and shrinks), in one child that
+    stays up; the adapter builds each Random(seed) in the child."""
+    from hypothesis import strategies as st
+
+    from labkit.judge.differential import differential
+
+    sizes = st.floats(min_value=1e-3, max_value=1e3, allow_nan=False) | st.integers(1, 100)
+    # Small attempts and roomy caps are where a wrong exponent or jitter shows; weight them.
+    attempts = st.integers(1, 8) | st.integers(1, 8) | st.integers(9, 80) | st.sampled_from((1_000, 4_321, 10**6))
+    factors = st.sampled_from((1, 1.5, 2, 3, 7.5, 64, 1000)) | st.floats(min_value=1.0, max_value=1e4)
+    valid = st.tuples(attempts, sizes, factors).map(lambda t: (t[0], t[1], t[1] * t[2]))
+    odd = st.sampled_from((0, -1, True, 2.0, float("nan"), float("inf"), "2", None))
+    invalid = (st.tuples(odd, sizes, sizes) | st.tuples(attempts, odd, sizes) | st.tuples(attempts, sizes, odd)
+               | st.tuples(attempts, st.just(5.0), st.floats(min_value=1e-3, max_value=4.99)))
+    strategy = st.tuples(st.one_of(valid, valid, valid, invalid), st.integers(0, 2**32 - 1)).map(
+        lambda t: (*t[0], t[1]))
+    return differential(ctx, "backoff", strategy, oracle.backoff_triple, _backoff_clause,
+                        clauses=("5.full-jitter", "5.cap", "5.seeded-rng", "5.large-attempt", "5.arg-ranges"),
+                        adapter="checks.relay_probes:backoff_adapter", examples=100,
+                        show_call=lambda a, b, c, seed: f"backoff({a!r}, {b!r}, {c!r}, random.Random({seed}))")
+
+
+def _backoff_clause(attempt, base, cap, seed) -> tuple[str, str]:
+    try:
+        oracle.backoff_triple(attempt, base, cap, seed)
+    except ValueError:
+        return "5.arg-ranges", ("attempt is an int >= 1; base and cap finite ints or floats with 0 < base <= cap; "
+                                "bool is never a number. Anything else is ValueError.")
+    if attempt >= 1_000:
+        return "5.large-attempt", "Stop doubling once the ceiling has reached the cap: never build 2 ** attempt."
+    if oracle.ceiling(attempt, base, cap) == cap and oracle.ceiling(attempt, base, math.inf) > cap:
+        return "5.cap", "The ceiling is min(cap, base * 2 ** (attempt - 1)): never more than cap."
+    return "5.full-jitter", ("The result is (wait, next draw, global random used): one rng.uniform(0, ceiling) from "
+                             "the rng passed in, with ceiling = base * 2 ** (attempt - 1) for this attempt.")
 
 
 def _expected_wait(attempt, base, cap) -> str:
@@ -1211,7 +1127,7 @@ def _requeued(path: Path, seqs: list[int], now: float):
         after = rows_of(path)
         for s in seqs:
             r = after[s]
-            if r["state"] != "pending" or r["attempts"] != 0 or not _equal(r["due"], now):
+            if r["state"] != "pending" or r["attempts"] != 0 or not same_number(r["due"], now):
                 return Miss(f"row {s} is {shown(r)}", "Each goes back to pending with attempts = 0 and due = now.")
             if not r["last_error"]:
                 return Miss(f"row {s} lost its last_error", "Keep last_error: the history of what went wrong is "
@@ -1317,6 +1233,14 @@ def _counts(expected: dict, hint: str = "Return the counts of this call: {'sent'
 
 def _delivered_in_order(db: Path, rows: list[dict], seed: int, policy: dict):
     def check(record: dict) -> Miss | None:
+        for e in _log(record, "send"):  # the claim first: committed before anything is sent
+            if (e["row"] or {}).get("state") != "leased" or (e["row"] or {}).get("owner") != "A":
+                return Miss(f"while send ran, another connection saw row {e['seq']} as {e['row']}",
+                            "Claim (and commit the claim) before sending.", clause="8.claim-committed")
+            if not e.get("can_write", True):
+                return Miss("while send ran, another connection could not BEGIN IMMEDIATE",
+                            "Commit the claim before the first send: a write lock held during a slow send blocks "
+                            "every other publisher.", clause="8.claim-committed")
         log = record["observed"].get("log", [])
         kinds = [(e["kind"], decode(e["seq"]) if e["kind"] != "send" else e["seq"]) for e in log]
         want = [(k, s) for s in range(1, len(rows) + 1) for k in ("after_claim", "send", "after_send")]
@@ -1329,13 +1253,6 @@ def _delivered_in_order(db: Path, rows: list[dict], seed: int, policy: dict):
             if sent != json.loads(rows[e["seq"] - 1]["body"]):
                 return Miss(f"send received {show(sent)}", "Send the event decoded from the row's body (a dict).",
                             clause="8.order-hooks")
-            if (e["row"] or {}).get("state") != "leased" or (e["row"] or {}).get("owner") != "A":
-                return Miss(f"while send ran, another connection saw row {e['seq']} as {e['row']}",
-                            "Claim (and commit the claim) before sending.", clause="8.claim-committed")
-            if not e.get("can_write", True):
-                return Miss("while send ran, another connection could not BEGIN IMMEDIATE",
-                            "Commit the claim before the first send: a write lock held during a slow send blocks "
-                            "every other publisher.", clause="8.claim-committed")
         for e in _log(record, "after_send"):
             if (e["row"] or {}).get("state") != "leased":
                 return Miss(f"when after_send({decode(e['seq'])}) ran the row was already {e['row']['state']}",
@@ -1381,7 +1298,7 @@ def _mixed(truthy, now: float):
                             clause="8.exception-fails")
             waits = [oracle.backoff(1, policy["base"], policy["cap"], rng) for _ in range(2)]
             for s, wait in zip((2, 3), waits, strict=True):
-                if not _equal(after[s]["due"], now + wait):
+                if not same_number(after[s]["due"], now + wait):
                     return Miss(f"row {s} is due at {after[s]['due']!r}, expected now + backoff(1, …) = "
                                 f"{now + wait!r}", "fail each failed row with backoff drawn from the policy's rng, "
                                                    "in seq order.", clause="8.exception-fails")
@@ -1503,551 +1420,6 @@ def _refused_first(hint: str):
         return check
 
     return make
-
-
-# --- final check: two publishers, a kill and a pause ----------------------------------------
-
-LEASE = 0.3  # the final check's real leases, in seconds of wall-clock time
-DIE_EXIT_CODE = 74
-
-
-@dataclass
-class Scene:
-    """What the final check observed, for its cases, its timeline and its ladder."""
-
-    db: Path
-    ids: dict[str, str] = field(default_factory=dict)  # role → event id
-    runs: dict[str, ChildRun] = field(default_factory=dict)  # "A #1", "A #2", "B", "C", "D"
-    stopped_at: float | None = None
-    continued_at: float | None = None
-    after_death: dict | None = None  # snack-1's row right after A #1 died
-    after_b: dict | None = None  # snack-2's row before A #2 was woken
-    requests: list[dict] = field(default_factory=list)
-    entries: list[dict] = field(default_factory=list)
-    rows: dict[int, dict] = field(default_factory=dict)
-    seq: dict[str, int] = field(default_factory=dict)  # event id → seq
-    policy: dict = field(default_factory=dict)
-    notes: list[dict] = field(default_factory=list)
-
-
-def check_final(ctx: StepContext) -> list[Case]:
-    from labkit.servers.warehouse import refused, start_warehouse, unavailable
-
-    rng = ctx.rng
-    scene = Scene(ctx.path("outbox.db"))
-    poison = [event(name(rng, "pill"), "snack", rng.randint(1, 1000)) for _ in range(5)]
-    refused_at = rng.randrange(0, 3)
-    flaky_at = rng.choice([i for i in range(0, 4) if i != refused_at])
-    scene.ids = {"dead": "snack-1", "paused": "snack-2", "refused": poison[refused_at]["id"],
-                 "flaky": poison[flaky_at]["id"]}
-    scene.ids.update({f"plain{k}": e["id"] for k, e in enumerate(e for i, e in enumerate(poison)
-                                                                if i not in (refused_at, flaky_at))})
-    reason = f"sku {name(rng, 'old', 3)} is discontinued"
-    scene.policy = {"base": rng.choice((0.5, 1.0, 2.0)), "cap": 30.0, "max_attempts": 5, "seed": rng.randrange(2**31)}
-    make_outbox(scene.db, [row("snack-1", qty=1), row("snack-2", qty=2)])
-    wh = start_warehouse(ctx.path("warehouse.jsonl"),
-                         event_faults={scene.ids["refused"]: refused(reason), scene.ids["flaky"]: unavailable(2)})
-    try:
-        common = {"db": str(scene.db), "url": wh.url, "lease": LEASE, **scene.policy}
-        _two_publishers(ctx, scene, common)
-        if _reached(scene, "B"):
-            with closing(stores.connect(scene.db)) as con:  # five more events, enqueued by the judge
-                con.executemany("INSERT INTO outbox(id, body) VALUES (?, ?)",
-                                [(e["id"], stores.canonical(e)) for e in poison])
-            start = float(int(_now()))
-            scene.runs["C"] = ctx.child("poison", {**common, "owner": "C", "start": start, "limit": 16, "rounds": 6,
-                                                   "cases": ["relay"]})
-            wh.lift(scene.ids["refused"])  # the cause is fixed
-            scene.notes.append({"t": _now(), "actor": "warehouse", "kind": "note",
-                                "text": f"the refusal of {scene.ids['refused']} is lifted (cause fixed)"})
-            later = start + 1000.0
-            scene.runs["D"] = ctx.child("redriving", {**common, "owner": "D", "ids": [scene.ids["refused"]],
-                                                      "now": later, "limit": 16, "cases": ["redrive"]})
-        scene.requests = [r for r in wh.requests() if r.get("method") == "POST"]
-    finally:
-        wh.close()
-    scene.entries = audit(scene.db)
-    scene.rows = rows_of(scene.db)
-    scene.seq = {r["id"]: s for s, r in scene.rows.items()}
-    cases = _final_cases(ctx, scene, reason)
-    _final_timeline(ctx, scene)
-    _final_ladder(ctx, scene)
-    return cases
-
-
-def _now() -> float:
-    import time
-
-    return time.time()
-
-
-def _reached(scene: Scene, label: str) -> bool:
-    return label in scene.runs
-
-
-def _two_publishers(ctx: StepContext, scene: Scene, common: dict) -> None:
-    """A #1 dies right after its claim; A #2 is frozen right after its; B takes both rows over."""
-    import time
-
-    a1 = ctx.child("publisher", {**common, "owner": "A", "mode": "die", "exit_code": DIE_EXIT_CODE, "limit": 1,
-                                 "cases": ["relay"]})
-    scene.runs["A #1"] = a1
-    claimed = [e for e in claims_in(audit(scene.db)) if e["id"] == "snack-1" and e["owner"] == "A"]
-    scene.after_death = rows_of(scene.db).get(1)
-    if a1.exit_code != DIE_EXIT_CODE or not claimed:
-        return
-    a_now = claimed[0]["lease_until"] - LEASE  # A's clock when it claimed
-    marker = ctx.marker()
-    args = {**common, "owner": "A", "mode": "pause", "limit": 1, "nows": [a_now + 0.01], "cases": ["relay"]}
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        paused = pool.submit(run_child, ctx.solution, f"{ctx.lab.probes}:publisher", args, workdir=ctx.workdir,
-                             timeout=ctx.timeout, marker=marker, module_name=ctx.lab.module_name)
-        try:
-            deadline = time.monotonic() + ctx.timeout / 2
-            while not paused.done() and time.monotonic() < deadline:
-                if _stopped(marker):
-                    scene.stopped_at = _now()
-                    break
-                time.sleep(0.005)
-            if scene.stopped_at is not None:
-                scene.runs["B"] = ctx.child("publisher", {**common, "owner": "B", "mode": "drain", "limit": 16,
-                                                          "nows": [a_now + 0.02], "until": ["snack-1", "snack-2"],
-                                                          "seconds": 3.0, "cases": ["relay"]})
-                scene.after_b = rows_of(scene.db).get(2)
-        finally:
-            if _continue(marker):
-                scene.continued_at = _now()
-            scene.runs["A #2"] = paused.result()
-
-
-def _stopped_pids(marker: str) -> list[int]:
-    """The processes carrying `marker` that are stopped (state T in /proc/<pid>/stat): the judge
-    observes the stop itself, whatever wraps the child (a sandbox may add a parent)."""
-    found = []
-    for pid in reaper.marked_pids(marker):
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except OSError:
-            continue
-        if stat[stat.rindex(")") + 1:].split()[0] == "T":
-            found.append(pid)
-    return found
-
-
-def _stopped(marker: str) -> bool:
-    return bool(_stopped_pids(marker))
-
-
-def _continue(marker: str) -> bool:
-    import os
-    import signal
-
-    pids = _stopped_pids(marker)
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGCONT)
-        except ProcessLookupError:
-            pass
-    return bool(pids)
-
-
-def _report(run: ChildRun | None, case: str) -> dict | None:
-    return None if run is None else run.cases().get(case)
-
-
-def _counts_of(run: ChildRun | None) -> list:
-    record = _report(run, "relay")
-    if record is None:
-        return []
-    return [decode(r["outcome"]["value"]) if r["outcome"]["kind"] == "returned" else describe(r["outcome"])
-            for r in record["observed"].get("rounds", [])]
-
-
-def _publisher_problem(run: ChildRun | None, label: str, timeout: float, case: str = "relay") -> Miss:
-    """Why a publisher process did not do what the scenario needed."""
-    if run is None:
-        return Miss(f"publisher {label} was never started: an earlier part of the scenario failed",
-                    outcome=Outcome.NOT_REACHED)
-    if not run.imported:
-        got, hint, _ = import_problem(run, timeout)
-        return Miss(got, hint, Outcome.IMPORT_FAILED)
-    record = run.cases().get(case)
-    if record is not None:
-        for r in [record["outcome"]] + [x["outcome"] for x in record["observed"].get("rounds", [])]:
-            if r.get("kind") == "not_implemented":
-                return Miss(f"publisher {label}: {describe(r)}", SKELETON_HINT, Outcome.NOT_IMPLEMENTED)
-            if r.get("kind") == "missing":
-                return Miss(f"publisher {label}: {describe(r)}", "Run every step's cell.", Outcome.MISSING)
-        if record["outcome"].get("kind") == "raised":
-            return Miss(f"publisher {label}: {describe(record['outcome'])} (exit code {run.exit_code})",
-                        "relay_once must not raise here: see the steps' own checks.", Outcome.RAISED)
-    if run.timed_out:
-        return Miss(f"publisher {label} did not finish in time and was killed", "Look for a wait without a timeout.",
-                    Outcome.TIMED_OUT)
-    return Miss(f"publisher {label} ended with exit code {run.exit_code}", "")
-
-
-def _requests_for(scene: Scene, event_id: str) -> list[dict]:
-    return [r for r in scene.requests if r.get("id") == event_id]
-
-
-def _claims_of(scene: Scene, event_id: str) -> list[dict]:
-    return [e for e in claims_in(scene.entries) if e["id"] == event_id]
-
-
-def _token(value) -> int | None:
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return None
-
-
-def _final_cases(ctx: StepContext, scene: Scene, reason: str) -> list[Case]:
-    cases: list[Case] = []
-
-    def case(label: str, called: str, expected: str, clause: str, miss: Miss | None) -> None:
-        c = Case(label, Outcome.PASSED, called, expected, clauses=(clause,))
-        if miss is not None:
-            c.outcome, c.got, c.hint = miss.outcome, miss.got, miss.hint
-        cases.append(c)
-
-    def blocked(previous: list[Case]) -> Miss | None:
-        failed = next((c for c in previous if not c.passed), None)
-        if failed is not None:
-            return Miss(f"not checked: {failed.name!r} did not pass", outcome=Outcome.NOT_REACHED)
-        return None
-
-    a1, a2, b = scene.runs.get("A #1"), scene.runs.get("A #2"), scene.runs.get("B")
-    s1 = _claims_of(scene, "snack-1")
-    s2 = _claims_of(scene, "snack-2")
-    # 1. the dead owner
-    hooked = a1 is not None and any(n.get("kind") == "claimed" for n in a1.messages())
-    miss = None
-    if a1 is None or a1.exit_code != DIE_EXIT_CODE or not hooked:
-        miss = _publisher_problem(a1, "A", ctx.timeout)
-        if miss.outcome is Outcome.WRONG or not miss.got:
-            miss = Miss(f"publisher A ended with exit code {None if a1 is None else a1.exit_code}"
-                        + ("" if hooked else " and after_claim was never called"),
-                        "Call after_claim(seq) for each claimed row, right after the claim committed and before send.")
-    elif _requests_for(scene, "snack-1") and _requests_for(scene, "snack-1")[0].get("t_start", 0) < \
-            (b.started_at if b else math.inf):
-        miss = Miss("the warehouse got snack-1 from A before A died", "Call after_claim(seq) before send(event).")
-    elif not s1 or s1[0]["owner"] != "A" or (scene.after_death or {}).get("state") != "leased":
-        miss = Miss(f"after A died the judge read snack-1 as {shown(scene.after_death)}",
-                    "claim commits the lease before relay_once calls after_claim.")
-    else:
-        ctx.evidence.faults.append(f"publisher A killed in after_claim (os._exit) — exit code {DIE_EXIT_CODE} "
-                                   f"observed; snack-1 left leased by A with token {s1[0]['fence']}")
-    case("A dies right after claiming snack-1", "relay_once(con, 'A', send, now, 0.3, 1, policy, after_claim=hook) "
-         f"where hook runs os._exit({DIE_EXIT_CODE})",
-         f"exit code {DIE_EXIT_CODE}; snack-1 leased by A; nothing sent", "final.dead-owner", miss)
-    # 2. B waits for the lease, then takes over
-    miss = blocked(cases)
-    if miss is None:
-        first_round = _counts_of(b)[:1]
-        if b is None or _report(b, "relay") is None or (_report(b, "relay")["outcome"]["kind"] != "returned"):
-            miss = _publisher_problem(b, "B", ctx.timeout)
-        elif len(s1) < 2:
-            miss = Miss(f"snack-1 was never claimed again after A died; B's rounds returned {first_round}…",
-                        "A leased row whose lease_until <= now is claimed again: its owner is presumed dead. "
-                        "Otherwise a dead owner's row is stuck forever.")
-        elif s1[1]["lease_until"] - LEASE < s1[0]["lease_until"] - 1e-9:
-            miss = Miss(f"B claimed snack-1 at now={s1[1]['lease_until'] - LEASE:.3f}, while A's lease ran until "
-                        f"{s1[0]['lease_until']:.3f}", "A live lease (lease_until > now) is never taken.")
-    case("B does not take snack-1 while A's lease is live", "relay_once(con, 'B', …) in a new process, at once and "
-         "then every 20 ms", "no claim of snack-1 before A's lease_until", "final.lease-respected", miss)
-    miss = blocked(cases)
-    if miss is None:
-        got = _requests_for(scene, "snack-1")
-        if s1[1]["owner"] != "B" or s1[1]["fence"] <= s1[0]["fence"]:
-            miss = Miss(f"snack-1's second claim: {s1[1]['owner']!r} with token {s1[1]['fence']} (A had "
-                        f"{s1[0]['fence']})", "Every claim takes a new, larger token from fence_counter.")
-        elif [(_token(r.get("token")), r.get("outcome")) for r in got] != [(s1[1]["fence"], "applied")]:
-            miss = Miss(f"the warehouse saw snack-1 as {[(r.get('token'), r.get('outcome')) for r in got]}",
-                        "B sends snack-1 once, with its own token, and completes it.")
-        elif scene.rows[1]["state"] != "sent" or scene.rows[1]["fence"] != s1[1]["fence"]:
-            miss = Miss(f"snack-1 ended {shown(scene.rows[1])}", "complete after the ACK, with the token of the claim.")
-    case("B takes snack-1 over with a larger token and delivers it once", "the same B process",
-         "snack-1 claimed by B with a larger token; one POST, applied; sent under B's token", "final.takeover", miss)
-    # 3. the paused owner
-    miss = blocked(cases)
-    if miss is None:
-        if scene.stopped_at is None:
-            miss = _publisher_problem(a2, "A (restarted)", ctx.timeout)
-            miss = Miss(f"the judge never saw the restarted A stopped: {miss.got}", miss.hint or
-                        "Call after_claim(seq) right after the claim.", miss.outcome)
-        elif not s2 or s2[0]["owner"] != "A":
-            miss = Miss(f"the restarted A did not claim snack-2 (claims: {[(c['owner'], c['fence']) for c in s2]})",
-                        "claim takes the first due row in seq order: snack-1 was still leased by the dead A.")
-        elif len(s2) < 2 or s2[1]["owner"] != "B" or s2[1]["fence"] <= s2[0]["fence"] or \
-                (scene.after_b or {}).get("state") != "sent":
-            miss = Miss(f"while A was stopped, snack-2 became {shown(scene.after_b)}",
-                        "Once A's lease has run out, B claims snack-2 with a larger token and completes it.")
-        elif s2[1]["t"] < s2[0]["lease_until"] - 0.005:
-            miss = Miss(f"B claimed snack-2 at {s2[1]['t']:.3f}, before A's lease ended at {s2[0]['lease_until']:.3f}",
-                        "A live lease is never taken.")
-        else:
-            ctx.evidence.faults.append("the restarted A stopped with SIGSTOP in after_claim — state T observed in "
-                                       "/proc; SIGCONT only after B completed snack-2")
-    case("A (restarted) is frozen right after claiming snack-2; B takes it over",
-         "relay_once(con, 'A', …) where after_claim stops the process (SIGSTOP); then B; then SIGCONT",
-         "the judge sees the process stopped; B claims snack-2 with a larger token after A's lease and completes it",
-         "final.paused-owner", miss)
-    miss = blocked(cases)
-    if miss is None:
-        got = [(_token(r.get("token")), r.get("outcome")) for r in _requests_for(scene, "snack-2")]
-        counts = _counts_of(a2)
-        want = [(s2[1]["fence"], "applied"), (s2[0]["fence"], "duplicate")]
-        if a2 is None or not counts or not isinstance(counts[-1], dict):
-            miss = _publisher_problem(a2, "A (restarted)", ctx.timeout)
-        elif got != want:
-            miss = Miss(f"the warehouse saw snack-2 as (token, outcome) {got}",
-                        f"After SIGCONT, A sends snack-2 with its old token {s2[0]['fence']}: the warehouse "
-                        "recognises the duplicate.")
-        elif scene.rows[2]["state"] != "sent" or scene.rows[2]["fence"] != s2[1]["fence"]:
-            miss = Miss(f"snack-2 ended {shown(scene.rows[2])}",
-                        "A's complete must get StaleLease: the row stays sent under B's token. " + TOKEN_HINT)
-        elif counts[-1] != {"sent": 0, "retry": 0, "quarantined": 0, "stale": 1}:
-            miss = Miss(f"A's relay_once returned {counts[-1]}", "complete raised StaleLease: count the row as "
-                                                                  "'stale', not 'sent', and never retry it.")
-        else:
-            ctx.evidence.faults.append(f"snack-2 delivered twice (token {s2[1]['fence']}, then the stale token "
-                                       f"{s2[0]['fence']}) — the warehouse recognised the duplicate; A got StaleLease")
-    case("the woken A is refused by its stale token", "SIGCONT: A sends snack-2 and calls complete",
-         "the warehouse sees a duplicate; StaleLease; the row stays sent under B's token; A counts stale 1",
-         "final.stale-complete", miss)
-    cases += _poison_cases(ctx, scene, reason, blocked(cases))
-    return cases
-
-
-def _poison_cases(ctx: StepContext, scene: Scene, reason: str, earlier: Miss | None) -> list[Case]:
-    cases: list[Case] = []
-    c_run, d_run = scene.runs.get("C"), scene.runs.get("D")
-    ids = scene.ids
-    plain = [v for k, v in ids.items() if k.startswith("plain")]
-    policy = scene.policy
-    rounds = (_report(c_run, "relay") or {"observed": {}})["observed"].get("rounds", [])
-    nows = [r["now"] for r in rounds]
-
-    def case(label: str, called: str, expected: str, clause: str, miss: Miss | None) -> None:
-        c = Case(label, Outcome.PASSED, called, expected, clauses=(clause,))
-        if miss is None and earlier is not None:
-            miss = Miss(f"not checked: {earlier.got}", outcome=Outcome.NOT_REACHED)
-        if miss is not None:
-            c.outcome, c.got, c.hint = miss.outcome, miss.got, miss.hint
-        cases.append(c)
-
-    problem = None
-    if c_run is None or _report(c_run, "relay") is None or _report(c_run, "relay")["outcome"]["kind"] != "returned":
-        problem = _publisher_problem(c_run, "C", ctx.timeout)
-    # the permanent refusal
-    refused_id = ids["refused"]
-    miss = problem
-    if miss is None:
-        entries = [e for e in scene.entries if e["id"] == refused_id]
-        first_fail = next((e for e in entries if e["state"] != "leased"), None)
-        want = oracle.last_error("PermanentError", f"422 for {refused_id}: {reason}")
-        if first_fail is None or first_fail["state"] != "quarantined" or first_fail["attempts"] != 1:
-            miss = Miss(f"after its first attempt {refused_id} was {shown(first_fail) if first_fail else 'never claimed'}",
-                        "A PermanentError is quarantined at once: retrying a refusal that cannot change only delays "
-                        "the operator's alarm.")
-        elif first_fail["last_error"] != want:
-            miss = Miss(f"its last_error is {first_fail['last_error']!r}", f"Store the error: {want!r}.")
-    case(f"the refused event {refused_id} is quarantined on its first attempt",
-         "relay_once(con, 'C', send, now, …) where the warehouse answers 422 for it",
-         "quarantined after one attempt, last_error 'PermanentError: 422 …'", "final.poison-quarantined", miss)
-    # the transient one
-    flaky = ids["flaky"]
-    miss = problem
-    if miss is None:
-        flaky_entries = [e for e in scene.entries if e["id"] == flaky]
-        fails = [e for e in flaky_entries if e["state"] == "pending"]
-        claims = [e for e in flaky_entries if e["state"] == "leased"]
-        got = [(_token(r.get("token")), r.get("response")) for r in _requests_for(scene, flaky)]
-        waits = oracle.draws(policy["seed"], [(1, policy["base"], policy["cap"]), (2, policy["base"], policy["cap"])])
-        claim_nows = [c["lease_until"] - LEASE for c in claims]
-        if [r for _, r in got] != ["503", "503", "ack"] or len(claims) != 3:
-            miss = Miss(f"the warehouse saw {flaky} answered {[r for _, r in got]} over {len(claims)} claims",
-                        "A transient failure goes back to pending with a due time; the next relay_once at that time "
-                        "claims it again.")
-        elif len(fails) < 2 or not all(_equal(f["due"], n + w) for f, n, w in zip(fails, claim_nows, waits,
-                                                                               strict=False)):
-            shown_dues = [f"{f['due'] - n:.4g}" for f, n in zip(fails, claim_nows, strict=False)]
-            miss = Miss(f"its waits were {shown_dues} s; Random({policy['seed']}) gives "
-                        f"{[f'{w:.4g}' for w in waits]} (ceilings {policy['base']:g}, {2 * policy['base']:g})",
-                        "fail: due = now + backoff(attempts, base, cap, rng), with the policy's rng, drawing only for "
-                        "a retry.")
-        elif scene.rows[scene.seq[flaky]]["state"] != "sent" or scene.rows[scene.seq[flaky]]["attempts"] != 3:
-            miss = Miss(f"it ended {shown(scene.rows[scene.seq[flaky]])}", "The third attempt succeeds: complete it.")
-        else:
-            ctx.evidence.faults.append(f"the warehouse answered 503 twice for {flaky}; waits "
-                                       f"{', '.join(f'{w:.3g} s' for w in waits)} (ceilings {policy['base']:g}, "
-                                       f"{2 * policy['base']:g} s, judge's clock); delivered on attempt 3")
-    case(f"the flaky event {flaky} is retried with growing, jittered waits", "relay_once(...) again at each due time "
-         "(the judge's clock)", "503, 503, then applied; due = now + backoff(1), then + backoff(2), from the seeded rng",
-         "final.transient-retried", miss)
-    # no head-of-line blocking
-    miss = problem
-    if miss is None:
-        for event_id in plain:
-            got = _requests_for(scene, event_id)
-            claims = _claims_of(scene, event_id)
-            if [r.get("outcome") for r in got] != ["applied"] or not claims or \
-                    not _equal(claims[0]["lease_until"] - LEASE, nows[0] if nows else -1.0):
-                miss = Miss(f"{event_id}: claimed at {[round(c['lease_until'] - LEASE, 3) for c in claims]}, "
-                            f"warehouse outcomes {[r.get('outcome') for r in got]}",
-                            "A failure does not stop the batch: the rows behind a poison row go on in the same call.")
-                break
-    case("the other three are delivered at once", "the first relay_once(con, 'C', ...)",
-         f"{', '.join(plain)} delivered in the first call", "final.no-head-of-line", miss)
-    # redrive
-    miss = problem
-    record = _report(d_run, "redrive")
-    if miss is None:
-        if record is None or record["outcome"]["kind"] != "returned" or value_of(record) != 1:
-            miss = _publisher_problem(d_run, "D", ctx.timeout, "redrive") if record is None or \
-                record["outcome"]["kind"] != "returned" else Miss(f"redrive returned {show(value_of(record))}",
-                                                                  "redrive returns how many rows it moved.")
-        else:
-            entries = [e for e in scene.entries if e["id"] == refused_id]
-            back = next((e for e in entries if e["state"] == "pending"), None)
-            final_row = scene.rows[scene.seq[refused_id]]
-            got = [r.get("response") for r in _requests_for(scene, refused_id)]
-            if back is None or back["attempts"] != 0 or not back["last_error"]:
-                miss = Miss(f"after redrive the row was {shown(back)}", "Back to pending, attempts 0, due now, "
-                                                                        "last_error kept.")
-            elif got != ["422", "ack"] or final_row["state"] != "sent":
-                miss = Miss(f"the warehouse answered {got}; the row ended {shown(final_row)}",
-                            "After the redrive, the next relay_once delivers it.")
-    case(f"after the refusal is lifted, {refused_id} is redriven and delivered",
-         f"redrive(con, [{refused_id!r}], now) and relay_once(con, 'D', …) in a new process",
-         "1; pending with attempts 0; then delivered, applied", "final.redrive", miss)
-    # everything once
-    miss = problem if problem is not None else None
-    if miss is None:
-        everything = ["snack-1", "snack-2", *[e for e in scene.seq if e not in ("snack-1", "snack-2")]]
-        applied = {i: sum(1 for r in scene.requests if r.get("id") == i and r.get("outcome") == "applied")
-                   for i in everything}
-        attempts = {i: scene.rows[scene.seq[i]]["attempts"] for i in everything}
-        want = {i: 1 for i in everything}
-        want_attempts = {**{i: 1 for i in everything}, "snack-1": 2, "snack-2": 2, flaky: 3}
-        states = {i: scene.rows[scene.seq[i]]["state"] for i in everything}
-        if applied != want:
-            miss = Miss(f"applied per event: {applied}", "Every event must reach the warehouse and be applied once.")
-        elif set(states.values()) != {"sent"}:
-            miss = Miss(f"final states {states}", "Every event ends sent.")
-        elif attempts != want_attempts:
-            miss = Miss(f"attempts {attempts}", "attempts counts claims: 2 for the taken-over rows, 3 for the flaky "
-                                                "one, 1 for the redriven one (redrive resets it to 0).")
-    case("every event applied exactly once, none lost, attempts as expected", "the judge reads the outbox and the "
-         "warehouse's log", "7 events applied once each; all sent; attempts 2, 2, 3 for the flaky one, 1 otherwise",
-         "final.applied-once", miss)
-    return cases
-
-
-def out_of_order(requests: list[dict], seq: dict[str, int]) -> list[str]:
-    """Events the warehouse applied after an event with a larger seq."""
-    order = [r.get("id") for r in requests if r.get("outcome") == "applied" and r.get("id") in seq]
-    late = []
-    for i, event_id in enumerate(order):
-        overtaken = [o for o in order[:i] if seq[o] > seq[event_id]]
-        if overtaken:
-            late.append(f"{event_id} (seq {seq[event_id]}) after {', '.join(f'{o} (seq {seq[o]})' for o in overtaken)}")
-    return late
-
-
-def _final_timeline(ctx: StepContext, scene: Scene) -> None:
-    timeline = ctx.evidence.timeline
-    for label, run in scene.runs.items():
-        actor = f"publisher {label}"
-        timeline.append({"t": run.started_at, "actor": actor, "kind": "start", "text": "process started"})
-        for note in run.messages():
-            if note.get("kind") == "claimed":
-                timeline.append({"t": note["t"], "actor": actor, "kind": "hook",
-                                 "text": f"after_claim({decode(note['seq'])}): holds token {note.get('fence')}"})
-        if label == "A #2" and scene.stopped_at is not None:
-            timeline.append({"t": scene.stopped_at, "actor": actor, "kind": "stopped",
-                             "text": "SIGSTOP in after_claim (judge saw state T)"})
-        if label == "A #2" and scene.continued_at is not None:
-            timeline.append({"t": scene.continued_at, "actor": actor, "kind": "continued", "text": "SIGCONT from the judge"})
-        killed = label == "A #1" and run.exit_code == DIE_EXIT_CODE
-        counts = _counts_of(run)
-        tail = f"; returned {counts[-1]}" if counts and isinstance(counts[-1], dict) and label != "A #1" else ""
-        timeline.append({"t": run.ended_at, "actor": actor, "kind": "killed" if killed else "exit",
-                         "text": f"exit code {run.exit_code}{tail}"})
-    for e in scene.entries:
-        text = _audit_text(e)
-        if text:
-            timeline.append({"t": e["t"], "actor": "outbox", "kind": "committed" if e["state"] == "sent" else e["state"],
-                             "text": text})
-    seen: set[str] = set()
-    for r in scene.requests:
-        event_id, token = r.get("id"), r.get("token")
-        if r.get("outcome") == "duplicate":
-            kind, what = "duplicate", "duplicate: recognised, applied once"
-        elif r.get("outcome") == "applied":
-            kind, what = "applied", "applied"
-        else:
-            kind, what = "refused", f"{r.get('response')} (not applied)"
-        seen.add(event_id)
-        timeline.append({"t": r.get("t_start", 0), "actor": "warehouse", "kind": kind,
-                         "text": f"POST {event_id}, token {token} → {what}"})
-    timeline.extend(scene.notes)
-    late = out_of_order(scene.requests, scene.seq)
-    if late:
-        timeline.append({"t": max(e["t"] for e in timeline), "actor": "judge", "kind": "note",
-                         "text": "out of seq order: " + "; ".join(late)})
-    timeline.sort(key=lambda e: e["t"])
-
-
-def _audit_text(e: dict) -> str:
-    if e["state"] == "leased":
-        return f"{e['id']}: claimed by {e['owner']!r}, token {e['fence']}, attempt {e['attempts']}"
-    if e["state"] == "sent":
-        return f"{e['id']}: sent, saved under token {e['fence']}"
-    if e["state"] == "pending" and e["attempts"] == 0:
-        return f"{e['id']}: redriven, due at once (last_error kept)"
-    if e["state"] == "pending":
-        return f"{e['id']}: failed ({(e['last_error'] or '')[:40]}), retry due at +{e['due'] - (e['lease_until'] or e['due']):.3g}"
-    if e["state"] == "quarantined":
-        return f"{e['id']}: quarantined with {(e['last_error'] or '')[:48]!r}"
-    return ""
-
-
-def _final_ladder(ctx: StepContext, scene: Scene) -> None:
-    ladder = ctx.evidence.ladder
-    for event_id in ("snack-1", "snack-2"):
-        claims = _claims_of(scene, event_id)
-        ladder.append({"rung": f"{event_id}: claimed by whom, with which token",
-                       "observed": ", then ".join(f"{c['owner']} with token {c['fence']}" for c in claims) or "never",
-                       "when": "the outbox (audit of every change)"})
-        sent = [(r.get("token"), r.get("outcome")) for r in _requests_for(scene, event_id)]
-        ladder.append({"rung": f"{event_id}: sent, with which token",
-                       "observed": ", then ".join(f"token {t} → {o}" for t, o in sent) or "never",
-                       "when": "the warehouse's request log"})
-        final = scene.rows.get(scene.seq.get(event_id, -1))
-        holder = claims[-1]["fence"] if claims else None
-        ok = final is not None and final["state"] == "sent" and final["fence"] == holder
-        ladder.append({"rung": f"{event_id}: sent saved by the current token holder",
-                       "observed": (f"yes: sent under token {final['fence']}" if ok else f"no: {shown(final)}"),
-                       "when": "the outbox, at the end"})
-    fails = [e for e in scene.entries if e["state"] == "pending" and e["attempts"] > 0]
-    ladder.append({"rung": "failed, retry due at T",
-                   "observed": "; ".join(f"{e['id']} attempt {e['attempts']}: due {e['due']:.6g} "
-                                         f"({(e['last_error'] or '')[:30]})" for e in fails) or "none observed",
-                   "when": "the outbox, on the judge's clock"})
-    quarantined = [e for e in scene.entries if e["state"] == "quarantined"]
-    ladder.append({"rung": "quarantined with error E",
-                   "observed": "; ".join(f"{e['id']}: {e['last_error']}" for e in quarantined) or "none observed",
-                   "when": "the outbox"})
-    redriven = [e for e in scene.entries if e["state"] == "pending" and e["attempts"] == 0]
-    ladder.append({"rung": "redriven",
-                   "observed": "; ".join(f"{e['id']} back to pending, due {e['due']:.6g}, last_error kept"
-                                         for e in redriven) or "none observed",
-                   "when": "the outbox, after the refusal was lifted"})
-    late = out_of_order(scene.requests, scene.seq)
-    ladder.append({"rung": "delivered out of seq order", "observed": "; ".join(late) or "none",
-                   "when": "the warehouse's request log: the price of quarantine and retries"})
 
 
 LAB = LabSpec(

@@ -36,6 +36,14 @@ def plain(path: str, timeout: float = 1.0) -> sqlite3.Connection:
     return REAL_CONNECT(path, isolation_level=None, timeout=timeout)
 
 
+def close(con: Any) -> None:
+    """Close what the student's open_outbox returned, whatever it turned out to be."""
+    try:
+        con.close()
+    except Exception:
+        pass
+
+
 def row_now(db: str, seq: int) -> dict | None:
     """One outbox row as another connection sees it right now (None if unreadable)."""
     try:
@@ -175,8 +183,9 @@ def race(mod, args: dict) -> None:
     statements into `sync/trace-<owner>`, and at the first write of each claim it waits until
     every peer has either reached its own first write (both have read: a non-atomic claim now
     collides for sure), is waiting to BEGIN IMMEDIATE/EXCLUSIVE while this process holds the
-    write lock (a correct claim: the peer is locked out), or has finished. A correct claim
-    never waits here more than a moment; a broken one collides on every run.
+    write lock (a correct claim: the peer is locked out), or has finished. Before each call it
+    lets a peer that waits to BEGIN go first, so the two take turns. A correct claim never
+    waits here more than a moment; a broken one collides on every run.
     """
     sync, me, peers = Path(args["sync"]), args["owner"], args["peers"]
     mine = sync / f"trace-{me}"
@@ -218,6 +227,12 @@ def race(mod, args: dict) -> None:
     calls: list[dict] = []
     outcome: dict = {"kind": "returned", "value": encode([])}
     for _ in range(args["max_rounds"]):
+        # Take turns: a peer waiting to BEGIN goes first, so no process claims everything alone
+        # while the other sleeps in its busy handler (a stale read then shows on every run).
+        deadline = time.monotonic() + BARRIER_SECONDS
+        while any(_last_line(sync / f"trace-{p}") in ("BEGIN IMMEDIATE", "BEGIN EXCLUSIVE", "BEGIN", "BEGIN DEFERRED")
+                  for p in peers) and time.monotonic() < deadline:
+            time.sleep(0.001)
         state["armed"] = True
         _append(mine, "CALL")
         outcome = probe.call(claim, con, me, args["now"], args["lease"], args["limit"])
@@ -436,7 +451,7 @@ def publisher(mod, args: dict) -> None:
                 break
             if not nows:
                 time.sleep(0.02)
-        con.close()
+        close(con)
     probe.report("relay", outcome, rounds=rounds, sent=sent)
 
 
@@ -479,7 +494,7 @@ def poison(mod, args: dict) -> None:
             if due is None:
                 break
             now = max(now, due)
-        con.close()
+        close(con)
     probe.report("relay", outcome, rounds=rounds, sent=sent)
 
 
@@ -505,5 +520,25 @@ def redriving(mod, args: dict) -> None:
         if outcome["kind"] == "returned":
             relayed = probe.call(probe.function(mod, "relay_once"), con, args["owner"], send, args["now"],
                                  args["lease"], args["limit"], policy, after_claim=after_claim)
-        con.close()
+        close(con)
     probe.report("redrive", outcome, relayed=relayed, sent=sent)
+
+
+# --- step 5: the child-side half of backoff's differential property test ----------------------
+
+
+def backoff_adapter(backoff, attempt, base, cap, seed):
+    """Called as `adapter(student_backoff, *args)` by `labkit.probe.serve`: builds the Random
+    here (it cannot cross the pipe) and returns (wait to 12 digits, the rng's next draw, whether
+    the global random module was used) — the same triple `checks.oracles.relay.backoff_triple`
+    computes on the judge's side."""
+    rng = random.Random(seed)
+    before = random.getstate()
+    wait = backoff(attempt, base, cap, rng)
+    return (twelve_digits(wait), rng.random(), random.getstate() != before)
+
+
+def twelve_digits(value: Any) -> Any:
+    """A float to 12 significant digits: an exact ceiling times rng.random() agrees with the
+    oracle whichever exact way the ceiling was computed."""
+    return float(f"{value:.12g}") if type(value) is float else value

@@ -44,3 +44,19 @@ def next_draw(seed: int, used: int) -> float:
 
 def last_error(type_name: str, message: str) -> str:
     return f"{type_name}: {message}"[:200]
+
+
+def _finite(value) -> bool:
+    return type(value) is int or (type(value) is float and math.isfinite(value))
+
+
+def backoff_triple(attempt, base, cap, seed: int) -> tuple[float, float, bool]:
+    """What `checks.relay_probes.backoff_adapter` must return: (the wait to 12 digits, the next
+    draw after exactly one, False: the global random module untouched); ValueError for bad input."""
+    if type(attempt) is not int or attempt < 1:
+        raise ValueError(f"attempt must be an int >= 1, not {attempt!r}")
+    if not _finite(base) or not _finite(cap) or not 0 < base <= cap:
+        raise ValueError(f"need finite 0 < base <= cap, not base={base!r}, cap={cap!r}")
+    rng = random.Random(seed)
+    wait = backoff(attempt, base, cap, rng)
+    return (float(f"{wait:.12g}"), rng.random(), False)
