@@ -520,6 +520,7 @@ def _claim_cases(ctx: StepContext) -> list[Case]:
         ("owner not ASCII", "publisher-é", now, lease, 1, "`str.isprintable()` accepts é: compare with ' ' and '~'.",
          "3.owner-range"),
         ("owner not a str", 7, now, lease, 1, "owner must be a str.", "3.owner-range"),
+        ("owner True", True, now, lease, 1, "owner must be a str: True is a bool.", "3.owner-range"),
         ("now -1", owner, -1, lease, 1, "now is at least 0.", "3.now-range"),
         ("now nan", owner, float("nan"), lease, 1, "nan compares false with everything: test `math.isfinite`.",
          "3.now-range"),
@@ -799,7 +800,8 @@ def check_backoff(ctx: StepContext) -> list[Case]:
             ("cap below base", 1, 5.0, 4.0, "0 < base <= cap."),
             ("cap inf", 1, 1.0, float("inf"), "cap must be finite."),
             ("cap nan", 1, 1.0, float("nan"), "nan compares false with everything: test `math.isfinite`."),
-            ("cap a str", 1, 1.0, "10", "cap must be an int or a float.")):
+            ("cap a str", 1, 1.0, "10", "cap must be an int or a float."),
+            ("cap True", 1, 1.0, True, BOOL_HINT)):
         add(f"{label} is refused", attempt, base, cap, lambda *a, hint=hint: both(raises("ValueError", hint), _no_draw(a[0])),
             ("5.arg-ranges",), hint)
     cases = ctx.cases("backoffs", plans, {"calls": calls})
@@ -941,6 +943,8 @@ def check_fail(ctx: StepContext) -> list[Case]:
                         last_error="Transient: x")),
         ("long message", leased(tok + 9, attempts=1)),
         ("float fence", leased(tok + 10)),
+        ("bool fence", leased(1)),  # what True would mean
+        ("bool now", leased(tok + 11)),
     ]
     db = make_outbox(ctx.path("fail.db"), [r for _, r in layout], counter=tok + 30)
     seq = {label: i + 1 for i, (label, _) in enumerate(layout)}
@@ -948,13 +952,13 @@ def check_fail(ctx: StepContext) -> list[Case]:
     plans, specs = [], []
 
     def add(label: str, s, fence, error: dict, expected: str, check, clauses: tuple[str, ...], seed: int,
-            hint: str = "", policy_fields: tuple = (base, cap, max_attempts)) -> None:
+            hint: str = "", policy_fields: tuple = (base, cap, max_attempts), when=now) -> None:
         plans.append(Plan(label, f"fail(con, {s!r}, {fence!r}, {error['kind'].replace('_', ' ')} error "
-                                 f"{error['message'][:30]!r}, {now:g}, {{base {policy_fields[0]}, cap "
+                                 f"{error['message'][:30]!r}, {when!r}, {{base {policy_fields[0]}, cap "
                                  f"{policy_fields[1]}, max_attempts {policy_fields[2]}, rng Random({seed})}})",
                           expected, check, hint, clauses=clauses))
         specs.append({"name": label, "fn": "fail", "db": str(db),
-                      "args": [value(s), value(fence), {"error": error}, value(now), _policy(*policy_fields, seed)]})
+                      "args": [value(s), value(fence), {"error": error}, value(when), _policy(*policy_fields, seed)]})
 
     def draws(seed: int, n: int, clause: str, hint: str):
         def check(record: dict) -> Miss | None:
@@ -1043,12 +1047,16 @@ def check_fail(ctx: StepContext) -> list[Case]:
         under("6.last-error", row_is(db, seq["long message"], "Cut the text to 200 characters: `text[:200]` on the "
                                                               "str, not on its bytes.",
                                      last_error=f"Transient: {long}"[:200])), ("6.last-error",), seed)
-    for label, s, fence, hint in (("bool seq", True, tok, BOOL_HINT + " fail(con, True, …) must not fail row 1."),
-                                  ("float fence", seq["float fence"], float(tok + 10), "fence must be an int.")):
+    for label, s, fence, hint, when in (
+            ("bool seq", True, tok, BOOL_HINT + " fail(con, True, …) must not fail row 1.", now),
+            ("float fence", seq["float fence"], float(tok + 10), "fence must be an int.", now),
+            ("bool fence", seq["bool fence"], True, BOOL_HINT + " True is not token 1.", now),
+            ("bool now", seq["bool now"], tok + 11, BOOL_HINT + " now is a number, never a bool.", True)):
         seed = rng.randrange(2**31)
         add(f"{label} is refused", s, fence, transient, "ValueError; nothing changes",
             both(under("6.token-check", raises("ValueError", hint)), untouched(label, hint, "6.token-check"),
-                 draws(seed, 0, "6.rng-only-retry", "Validate before drawing.")), ("6.token-check",), seed, hint)
+                 draws(seed, 0, "6.rng-only-retry", "Validate before drawing.")), ("6.token-check",), seed, hint,
+            when=when)
     return calls_on(ctx, plans, specs)
 
 
@@ -1088,6 +1096,7 @@ def check_redrive(ctx: StepContext) -> list[Case]:
         ("an id listed twice", [q[0], q[0]], ValueError, "7.ids-shape"),
         ("an id that is not a str", [q[0], 1], ValueError, "7.ids-shape"),
         ("now nan", [q[0]], ValueError, "7.ids-shape"),
+        ("now True", [q[0]], ValueError, "7.ids-shape"),
     ]
     hints = {
         "a quarantined and a sent row": "All or nothing: check every id first, change rows only when all are "
@@ -1102,11 +1111,12 @@ def check_redrive(ctx: StepContext) -> list[Case]:
         "an id listed twice": "An id listed twice is a ValueError (the count would lie).",
         "an id that is not a str": "Each id is a str.",
         "now nan": "now is a finite number >= 0, as in claim.",
+        "now True": BOOL_HINT,
     }
     paths = copies(template, ctx.workdir, [f"case-{i}" for i in range(len(cases))])
     plans, specs = [], []
     for (label, arg, result, clause), path in zip(cases, paths, strict=True):
-        when = float("nan") if label == "now nan" else now
+        when = {"now nan": float("nan"), "now True": True}.get(label, now)
         called = f"redrive(con, {arg!r}, {when!r})"
         if result is ValueError:
             hint = hints[label]
@@ -1216,7 +1226,9 @@ def check_relay_once(ctx: StepContext) -> list[Case]:
             ("a policy with base > cap", ("A", now, lease, 16), (5.0, 1.0, 5),
              "Check the policy like backoff would (0 < base <= cap) before claiming: otherwise the first failure "
              "raises with the row still leased.", {}),
-            ("a policy with max_attempts True", ("A", now, lease, 16), (base, cap, True), BOOL_HINT, {})):
+            ("a policy with max_attempts True", ("A", now, lease, 16), (base, cap, True), BOOL_HINT, {}),
+            ("limit True", ("A", now, lease, True), None, BOOL_HINT, {}),
+            ("lease True", ("A", now, True, 16), None, BOOL_HINT, {})):
         rows = [row(name(rng, "safe"))]
         scenario(f"{label} is refused before claiming", rows, _refused_first(hint), ("8.args-first",),
                  expected="ValueError; nothing leased; send never called", args=call_args, policy=policy, **flags)
