@@ -7,7 +7,10 @@ oracle lives here, in the judge; toy student modules get it right or wrong in on
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -18,6 +21,8 @@ from labkit.judge import differential as differential_module
 from labkit.judge.differential import differential
 from labkit.judge.run import LabSpec, StepContext, StepSpec, run_lab
 from labkit.judge.verdict import Outcome
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def oracle(text):
@@ -171,12 +176,19 @@ def test_a_call_that_modifies_its_input_fails_the_no_mutation_clause(tmp_path):
     assert case.called == "total([])" and case.got == "returned 0, and modified its input"
 
 
-def test_a_slow_function_trips_the_backstop_as_a_timed_out_case(tmp_path, monkeypatch):
+def test_a_function_that_burns_cpu_trips_the_cpu_backstop(tmp_path, monkeypatch):
+    """CPU time, not wall time: the verdict is the same on a busy machine."""
+    monkeypatch.setattr(differential_module, "PROPERTY_CPU_SECONDS", 0.2)
+    slow = student(tmp_path, **{"    value = int(text)\n": "    sum(range(300_000))\n    value = int(text)\n"})
+    [case] = judge(slow)
+    assert (case.outcome, case.got) == (Outcome.TIMED_OUT, "its calls used more than 0.2 s of CPU in all")
+
+
+def test_a_function_that_sleeps_trips_the_wall_clock_backstop(tmp_path, monkeypatch):
     monkeypatch.setattr(differential_module, "PROPERTY_SECONDS", 0.5)
     slow = student(tmp_path, **{"    value = int(text)\n": "    import time; time.sleep(0.02)\n    value = int(text)\n"})
     [case] = judge(slow)
-    assert case.outcome is Outcome.TIMED_OUT
-    assert "took more than 0.5 s in all" in case.got
+    assert (case.outcome, case.got) == (Outcome.TIMED_OUT, "its calls took more than 0.5 s in all")
 
 
 def test_property_tests_in_parallel_threads_give_the_serial_verdicts(tmp_path):
@@ -189,3 +201,39 @@ def test_property_tests_in_parallel_threads_give_the_serial_verdicts(tmp_path):
     with ThreadPoolExecutor(max_workers=4) as pool:
         for _ in range(2):
             assert list(pool.map(lambda job: judge(*job), jobs)) == serial
+
+
+GENERATE = """
+import sys
+from hypothesis import Phase, Verbosity, given, seed, settings, strategies as st
+if sys.argv[1] == "patched":
+    from labkit.judge.differential import _no_local_constants
+    _no_local_constants()
+if sys.argv[2] == "more":
+    import extra_constants  # one more local module, full of constants
+drawn = []
+
+
+def keep(value):
+    drawn.append(value)
+
+
+settings(database=None, max_examples=300, verbosity=Verbosity.quiet, phases=(Phase.generate,))(
+    seed(5)(given(st.integers(-10**6, 10**6))(keep)))()
+print(drawn)
+"""
+
+
+@pytest.mark.parametrize("patched", [False, True], ids=["Hypothesis as it is", "differential's setting"])
+def test_loading_one_more_local_module_changes_nothing_with_differentials_setting(tmp_path, patched):
+    """Hypothesis draws ~5% of its values from constants of the local modules in sys.modules;
+    the CLI and pytest (and threads of one judge) load different ones. As it is, one more
+    module changes what a seed draws; with `_no_local_constants` (what differential uses) it does not."""
+    (tmp_path / "generate.py").write_text(GENERATE)
+    (tmp_path / "extra_constants.py").write_text("".join(f"C{n} = {v}\n" for n, v in enumerate([777001, -555003, 313131])))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(tmp_path)]),
+           "HYPOTHESIS_STORAGE_DIRECTORY": str(tmp_path / "hypothesis")}
+    mode = "patched" if patched else "plain"
+    drawn = [subprocess.run([sys.executable, "generate.py", mode, more], cwd=tmp_path, env=env, capture_output=True,
+                            text=True, check=True).stdout for more in ("same", "more")]
+    assert (drawn[0] == drawn[1]) is patched

@@ -23,12 +23,15 @@ as `expect.raises` matches). With `unchanged="4.no-mutation"`, a call that modif
 arguments disagrees too, attributed to that clause.
 
 Determinism: Hypothesis is seeded from the verdict seed, the step and the function name
-(`hypothesis.seed`), uses no database, no deadline, no timing health check, stops at the first
-bug, and the count of examples (`examples`) and of calls while shrinking (`shrink_calls`) are
+(`hypothesis.seed`), uses no database, no deadline, no timing health check, no constants from
+whatever local modules happen to be loaded (`_no_local_constants`), stops at the first bug,
+and the count of examples (`examples`) and of calls while shrinking (`shrink_calls`) are
 bounded, so the same module and seed give the same verdict and the same counterexample. Every
-answer is cached by input, so a replay never asks the child twice. The wall-clock limit
-(`limits.PROPERTY_SECONDS`, ~30x a reference run) is only a backstop: it trips for a function
-that is slow in itself, and then the case says so (timed out), whatever was found before.
+answer is cached by input, so a replay never asks the child twice. Two backstops end a test
+early, as a timed-out case: the CPU time the student's calls use in the child
+(`limits.PROPERTY_CPU_SECONDS`, ~1000x a reference; CPU time hardly moves with load, so this
+one trips the same way on a busy machine) and, for a function that sleeps, the wall clock
+(`limits.PROPERTY_SECONDS`, far above what a reference takes even at load 15).
 
 A call that hangs (`limits.CALL_TIMEOUT`), kills the child or calls sys.exit() ends the test at
 that input, unshrunk, as the named outcome; a skeleton or a missing function is the usual grey
@@ -46,9 +49,12 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from labkit import probe
@@ -56,12 +62,15 @@ from labkit.judge import expect
 from labkit.judge.child import child_session
 from labkit.judge.run import StepContext
 from labkit.judge.verdict import Case, Outcome
-from labkit.limits import CALL_TIMEOUT, PROPERTY_EXAMPLES, PROPERTY_SECONDS
+from labkit.limits import CALL_TIMEOUT, PROPERTY_CPU_SECONDS, PROPERTY_EXAMPLES, PROPERTY_SECONDS
 from labkit.values import decode, encode, same, show
 
 if TYPE_CHECKING:
     from hypothesis.strategies import SearchStrategy
 
+# Hypothesis keeps its Unicode tables here, not in a `.hypothesis/` folder in the judge's cwd
+# (a student's folder, the course's checkout).
+CACHE = Path.home() / ".cache" / "delivered-twice" / "hypothesis"
 # Calls allowed while shrinking, beyond the examples: enough to shrink the inputs of these
 # labs to a minimum (measured: under 200), and a hard stop for determinism and time.
 SHRINK_CALLS = 400
@@ -91,9 +100,10 @@ class _Disagree(Exception):  # noqa: N818 - Hypothesis shrinks whatever the test
 
 
 class _Stop(BaseException):  # noqa: N818 - a BaseException: Hypothesis lets it through unshrunk
-    def __init__(self, finding: Finding | None) -> None:
+    def __init__(self, finding: Finding | None, slow: str = "") -> None:
         super().__init__()
         self.finding = finding
+        self.slow = slow  # which backstop tripped, when there is no finding
 
 
 def differential(
@@ -122,13 +132,14 @@ def differential(
     the clause broken by a call that modifies its arguments (None: not checked).
     Returns one Case.
     """
+    os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY", str(CACHE))  # read at Hypothesis' first write
     from hypothesis import HealthCheck, Phase, Verbosity, given, seed, settings
 
+    _no_local_constants()
     name = name or f"{fn} agrees with the contract on generated inputs"
     show_call = show_call or (lambda *args: f"{fn}({', '.join(show(a, 80) for a in args)})")
     answers: dict[str, Finding | None] = {}
-    budget = {"calls": 0, "limit": examples + shrink_calls}
-    deadline = time.monotonic() + PROPERTY_SECONDS
+    budget = {"calls": 0, "limit": examples + shrink_calls, "cpu": 0.0, "deadline": 0.0}
 
     with child_session(ctx.solution, workdir=ctx.workdir, timeout=ctx.timeout, marker=ctx.marker(),
                        module_name=ctx.lab.module_name) as session:
@@ -140,11 +151,16 @@ def differential(
                 return answers[key]
             if budget["calls"] >= budget["limit"]:
                 return None  # out of calls: shrinking stops improving, the best so far stands
-            if time.monotonic() > deadline:
-                raise _Stop(None)
+            if budget["cpu"] > PROPERTY_CPU_SECONDS:
+                raise _Stop(None, f"its calls used more than {PROPERTY_CPU_SECONDS:g} s of CPU in all")
+            if not budget["calls"]:  # from the first call: starting the child or Hypothesis is not the student's time
+                budget["deadline"] = time.monotonic() + PROPERTY_SECONDS
+            elif time.monotonic() > budget["deadline"]:
+                raise _Stop(None, f"its calls took more than {PROPERTY_SECONDS:g} s in all")
             budget["calls"] += 1
             reply = session.call({"fn": fn, "args": encoded, "adapter": adapter},
                                  timeout=min(CALL_TIMEOUT, ctx.timeout))
+            budget["cpu"] += reply.get("observed", {}).get("cpu", 0.0)
             expected = probe.call(oracle, *copy.deepcopy(args))
             answers[key] = _disagreement(args, reply, expected, unchanged is not None)
             return answers[key]
@@ -171,8 +187,7 @@ def differential(
                      got, hint, trace, clauses=clauses)]
     if stop is not None and stop.finding is None:
         return [Case(name, Outcome.TIMED_OUT, f"{fn} on generated inputs", "an answer to each in well under a second",
-                     f"{budget['calls']} calls took more than {PROPERTY_SECONDS:g} s in all",
-                     f"Each call of {fn} should take well under a millisecond: look for slow loops or sleeps.",
+                     stop.slow, f"Each call of {fn} should take well under a millisecond: look for slow loops or sleeps.",
                      clauses=clauses)]
     if stop is not None:
         finding = stop.finding
@@ -180,6 +195,33 @@ def differential(
         return [Case(name, Outcome.PASSED, f"{fn} on {budget['calls']} generated inputs",
                      "the contract's outcome for each", clauses=clauses)]
     return [_failing_case(finding, name, show_call, clause_of, unchanged, clauses)]
+
+
+_PATCH = threading.Lock()
+
+
+def _no_local_constants() -> None:
+    """Draw no values from the constants of the "local" modules loaded so far.
+
+    Hypothesis (6.1xx) draws about 5% of its values from constants it finds in every local
+    (non-library) module in sys.modules. Which of labkit's and the checks' modules are loaded
+    differs between the CLI and pytest, and between runs of a lab's steps in threads, so the
+    same seed would not give the same inputs (measured: importing one more module changed the
+    sequence). Hypothesis has no setting for it, so its private hook is replaced, once, and a
+    test fails if an upgrade moves it."""
+    from hypothesis.internal.conjecture import providers
+
+    with _PATCH:
+        if getattr(providers._get_local_constants, "labkit", False):
+            return
+        empty = providers.Constants()
+
+        def none() -> providers.Constants:
+            return empty
+
+        none.labkit = True
+        providers._get_local_constants = none
+        providers.CONSTANTS_CACHE.cache.clear()
 
 
 def _run(test: Callable[[], None]) -> tuple[Finding | None, _Stop | None]:

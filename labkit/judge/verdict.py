@@ -5,6 +5,23 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 
+# What the judge says when a fault is the course's own, not the student's: an exception that
+# escaped a check (run.py), a check blaming its own server (a feed that does not resend), a
+# server that failed to start (servers/warehouse.py's WarehouseStartError), a path into the
+# course's code. A verdict about a student's code must contain none of them (issue 8 item 7;
+# tests/test_no_course_blame.py, benchmarks/mutation_score.py).
+COURSE_FAULT = ("the checker itself failed", "bug in the course", "please report it", "warehouse failed",
+                "warehouse process exited", "was not ready within", "labkit/")
+
+
+def course_faults(steps: list[StepVerdict]) -> list[str]:
+    """'step: case: phrase' for every COURSE_FAULT phrase in these steps' failing cases and notes."""
+    found = []
+    for step in steps:
+        texts = [(c.name, c.message) for c in step.cases if not c.passed] + [("note", step.note)]
+        found += [f"{step.step}: {name}: {phrase!r}" for name, text in texts for phrase in COURSE_FAULT if phrase in text]
+    return found
+
 
 class Outcome(StrEnum):
     """The named ways a case can end; each is rendered the same way everywhere."""

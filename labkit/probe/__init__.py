@@ -12,6 +12,7 @@ import importlib
 import json
 import os
 import sqlite3
+import time
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -104,17 +105,21 @@ SIZED = (str, bytes, bytearray, list, dict, tuple)
 
 
 def received(values: list) -> list[dict]:
-    """What a call is about to receive, per argument: its exact type name and, for str, bytes,
-    bytearray, list, dict and tuple, its length. Reported under the observation key
-    `received` by every probe that passes arguments, so a test can check that a case called
-    "a bytearray of 65 bytes" really sent one."""
-    out = []
-    for value in values:
-        seen = {"type": type(value).__name__}
-        if type(value) in SIZED:
-            seen["len"] = len(value)
-        out.append(seen)
-    return out
+    """What a call is about to receive, per argument: its exact type name; for str, bytes,
+    bytearray, list, dict and tuple its length; for a dict, the same for each value under a
+    str key ("items"). Reported under the observation key `received` by every probe that
+    passes arguments, so a test can check that a case called "a bytearray", "65 bytes" or
+    "id has 65 characters" really sent one."""
+    return [_seen(value, nested=True) for value in values]
+
+
+def _seen(value: Any, nested: bool = False) -> dict:
+    seen: dict[str, Any] = {"type": type(value).__name__}
+    if type(value) in SIZED:
+        seen["len"] = len(value)
+    if nested and type(value) is dict:
+        seen["items"] = {key: _seen(item) for key, item in value.items() if type(key) is str}
+    return seen
 
 
 def call_observed(fn: Callable | None, values: list) -> tuple[dict, dict]:
@@ -143,7 +148,8 @@ def serve(module: ModuleType, args: dict) -> None:
 
     Reads JSON lines from the private request pipe (LABKIT_REQUEST_FD) until the judge closes
     it: `{"id": n, "fn": "parse_line", "args": [<encoded>...], "adapter": "checks.x_probes:f"}`.
-    Replies `{"event": "reply", "id": n, "outcome": <as call()>, "observed": <as call_observed()>}`.
+    Replies `{"event": "reply", "id": n, "outcome": <as call()>, "observed": <as call_observed(),
+    plus "cpu": the CPU seconds the call used>}`.
     Without an adapter it calls `module.fn(*args)`; with one it calls `adapter(fn, *args)`, so
     a lab can build in the child what cannot cross the pipe (a `random.Random(seed)`, a
     connection) before calling the student's function. A missing function is reported as
@@ -160,7 +166,10 @@ def serve(module: ModuleType, args: dict) -> None:
                     target_module, _, target = name.partition(":")
                     adapters[name] = getattr(importlib.import_module(target_module), target)
                 fn = functools.partial(adapters[name], fn)
-            outcome, observed = call_observed(fn, [decode(a) for a in request["args"]])
+            values = [decode(a) for a in request["args"]]
+            started = time.process_time()
+            outcome, observed = call_observed(fn, values)
+            observed["cpu"] = time.process_time() - started  # seconds of CPU, not of waiting
             emit({"event": "reply", "id": request["id"], "outcome": outcome, "observed": observed})
 
 

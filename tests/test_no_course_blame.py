@@ -1,0 +1,72 @@
+"""The checker never blames the course for a student's bug (issue 8 item 7).
+
+The phrases the judge uses when the fault is its own are `labkit.judge.verdict.COURSE_FAULT`,
+gathered from what labkit/judge/run.py says when a check raises ("the checker itself failed",
+"bug in the course", "please report it"), what the checks say when their own server
+misbehaves (lab 02's final check: "a bug in the course's feed (labkit/feed.py)"), and what
+labkit/servers/warehouse.py's WarehouseStartError says ("warehouse failed", "warehouse process
+exited", "was not ready within"). No verdict of any catalogue file — on the steps and seeds the
+seed test judges (tests/catalogue.py: SEEDS, steps_to_run; the same cached runs) — nor of a
+sample of cosmic-ray mutants of each reference, may contain one.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+from catalogue import SEEDS, step_verdicts, steps_to_run
+
+from labkit import labs
+from labkit.judge import coverage
+from labkit.judge.run import LabSpec, StepSpec, run_lab
+from labkit.judge.verdict import course_faults
+
+ROOT = Path(__file__).resolve().parents[1]
+LABS = [lab for lab in labs.available() if (coverage.CATALOGUE / lab).is_dir()]
+WRONG = [(lab, path) for lab in LABS for path in sorted((coverage.CATALOGUE / lab).glob("*.py"))]
+MUTANTS_PER_LAB = 6
+
+
+def mutation_score():
+    spec = importlib.util.spec_from_file_location("mutation_score", ROOT / "benchmarks" / "mutation_score.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(("lab", "path"), WRONG, ids=[f"{lab}:{path.stem}" for lab, path in WRONG])
+def test_no_wrong_solution_is_told_the_course_failed(lab, path):
+    found = {seed: course_faults(list(step_verdicts(lab, path, steps_to_run(lab, path), seed).values()))
+             for seed in SEEDS}
+    assert not any(found.values()), f"{path.name}: {found}"
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_no_sampled_mutant_is_told_the_course_failed(lab, tmp_path):
+    pytest.importorskip("cosmic_ray", reason="pip install -e '.[test]' brings cosmic-ray")
+    mutants = mutation_score().sample(lab, tmp_path, MUTANTS_PER_LAB)
+    assert len(mutants) == MUTANTS_PER_LAB
+    found = {}
+    for n, (step, operator, line, source) in enumerate(mutants):
+        folder = tmp_path / f"mutant-{n}"
+        folder.mkdir()
+        module = folder / labs.MODULE_FILES[lab]
+        module.write_text(source)
+        faults = course_faults(run_lab(labs.load(lab), module, steps=[step], seed=SEEDS[0]).steps)
+        if faults:
+            found[f"{operator} at line {line}"] = faults
+    assert not found, found
+
+
+def test_a_check_that_raises_is_found_as_a_course_fault(tmp_path):
+    """The phrases are the ones the judge really uses: a check that raises produces one."""
+    def broken(ctx):
+        raise RuntimeError("a bug in a check")
+
+    module = tmp_path / "toy.py"
+    module.write_text("x = 1\n")
+    verdict = run_lab(LabSpec("toy", "toy", "labkit.probe", [StepSpec(1, "broken", 1, broken)]), module, seed=1)
+    assert course_faults(verdict.steps) == ["1: check: 'the checker itself failed'", "1: check: 'bug in the course'",
+                                            "1: check: 'please report it'"]
