@@ -80,7 +80,8 @@ def opening(mod, args: dict) -> None:
             probe.started(case["name"])
             opened.clear()
             outcome, con = probe.call_keep(probe.function(mod, "open_outbox"), case["path"])
-            observed: dict[str, Any] = {"left_open": sum(1 for c in opened if probe.is_open(c))}
+            observed: dict[str, Any] = {"left_open": sum(1 for c in opened if probe.is_open(c)),
+                                        "received": probe.received([case["path"]])}
             if outcome["kind"] == "returned" and isinstance(con, sqlite3.Connection):
                 observed.update(isolation_level=encode(con.isolation_level),
                                 busy_timeout=con.execute("PRAGMA busy_timeout").fetchone()[0],
@@ -130,8 +131,9 @@ def on_outbox(mod, args: dict) -> None:
         con = plain(spec["db"])
         statements = Statements(con)
         values = [build(mod, item) for item in spec["args"]]
+        seen = probe.received(values)
         outcome = probe.call(probe.function(mod, spec["fn"]), con, *values)
-        observed: dict[str, Any] = {"in_transaction": con.in_transaction,
+        observed: dict[str, Any] = {"received": seen, "in_transaction": con.in_transaction,
                                     "can_write": probe.other_can_write(spec["db"]),
                                     "statements": statements.words}
         for value in values:
@@ -149,11 +151,12 @@ def backoffs(mod, args: dict) -> None:
         rng = random.Random(spec["seed"])
         before = random.getstate()
         values = [decode(a) for a in spec["args"]]
+        seen = probe.received([*values, rng])
         started = time.perf_counter()
         outcome = probe.call(backoff, *values, rng)
         seconds = time.perf_counter() - started
         probe.report(spec["name"], outcome, rng_next=rng.random(), global_used=random.getstate() != before,
-                     seconds=seconds)
+                     seconds=seconds, received=seen)
 
 
 # --- step 3: real processes racing to claim ---------------------------------------------------
@@ -307,6 +310,7 @@ def relaying(mod, args: dict) -> None:
         if case.get("drop_rng"):
             del policy["rng"]
         owner, now, lease, limit = (decode(v) for v in case["args"])
+        seen = probe.received([owner, send, now, lease, limit, policy])
         try:
             outcome = probe.call(relay_once, con, owner, send, now, lease, limit, policy,
                                  after_claim=after_claim, after_send=after_send)
@@ -315,7 +319,8 @@ def relaying(mod, args: dict) -> None:
         in_transaction = con.in_transaction
         rng_next = policy["rng"].random() if "rng" in policy else None
         con.close()
-        probe.report(case["name"], outcome, log=log, in_transaction=in_transaction, rng_next=rng_next)
+        probe.report(case["name"], outcome, log=log, in_transaction=in_transaction, rng_next=rng_next,
+                     received=seen)
 
 
 def _seq_of(db: str, event_id: Any, cache: dict) -> int | None:
