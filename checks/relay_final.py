@@ -95,12 +95,13 @@ def check_final(ctx: StepContext) -> list[Case]:
         scene.start = float(int(time.time())) + 1000.0  # the judge's clock, ahead of the wall clock
         scene.runs["C"] = ctx.child("poison", {**common, "db": str(scene.pills), "owner": "C", "start": scene.start,
                                                "limit": 16, "rounds": 6, "cases": ["relay"]})
-        wh.lift(scene.ids["refused"])  # the cause is fixed
-        scene.notes.append({"t": time.time(), "actor": "warehouse", "kind": "note",
-                            "text": f"the refusal of {scene.ids['refused']} is lifted (cause fixed)"})
-        scene.runs["D"] = ctx.child("redriving", {**common, "db": str(scene.pills), "owner": "D",
-                                                  "ids": [scene.ids["refused"]], "now": scene.start + 100.0,
-                                                  "limit": 16, "cases": ["redrive"]})
+        if not scene.runs["C"].timed_out:  # a publisher that hangs costs its time limit once, not twice
+            wh.lift(scene.ids["refused"])  # the cause is fixed
+            scene.notes.append({"t": time.time(), "actor": "warehouse", "kind": "note",
+                                "text": f"the refusal of {scene.ids['refused']} is lifted (cause fixed)"})
+            scene.runs["D"] = ctx.child("redriving", {**common, "db": str(scene.pills), "owner": "D",
+                                                      "ids": [scene.ids["refused"]], "now": scene.start + 100.0,
+                                                      "limit": 16, "cases": ["redrive"]})
         scene.requests = [r for r in wh.requests() if r.get("method") == "POST"]
     finally:
         wh.close()
@@ -123,6 +124,8 @@ def _two_publishers(ctx: StepContext, scene: Scene, common: dict) -> None:
     scene.runs["A #1"] = ctx.child("publisher", {**common, "owner": "A", "mode": "die", "exit_code": DIE_EXIT_CODE,
                                                  "limit": 1, "nows": [t1], "cases": ["relay"]})
     scene.after_death = rows_of(scene.db).get(1)
+    if scene.runs["A #1"].timed_out:
+        return  # it hangs: the others would too, each for its full time limit
     first = [e for e in claims_in(audit(scene.db)) if e["id"] == "snack-1"]
     a_ends = first[0]["lease_until"] if first else t1 + LEASE
     scene.b_first_now = a_ends - LEASE / 3  # shortly before A's lease ends: B must take nothing yet

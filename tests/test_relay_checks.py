@@ -209,3 +209,47 @@ def test_student_notebook_runs_top_to_bottom_and_says_not_implemented(tmp_path, 
     assert text.count("not implemented yet") >= 9
     assert "passed (" not in text and "FAILED" not in text
     assert (tmp_path / "work" / "relay.py").is_file()
+
+
+# --- student code that breaks the checker's assumptions rather than the contract's ---------------
+
+# Each gets a verdict about itself, in the step named, and never a sentence that blames the course.
+HOSTILE = {
+    "claim returns a generator": ("3", "returned", """
+_real_claim = claim
+def claim(con, owner, now, lease, limit):
+    return (row for row in _real_claim(con, owner, now, lease, limit))
+"""),
+    "open_outbox returns None": ("final", "publisher", """
+_real_open = open_outbox
+def open_outbox(path):
+    _real_open(path).close()
+"""),
+    "relay_once closes the caller's connection": ("8", "Cannot operate on a closed database", """
+_real_relay_once = relay_once
+def relay_once(con, *args, **kwargs):
+    con.close()
+    return _real_relay_once(con, *args, **kwargs)
+"""),
+    "relay_once never returns": ("final", "did not finish in time", """
+import time as _time
+def relay_once(con, *args, **kwargs):
+    while True:
+        _time.sleep(0.05)
+"""),
+}
+
+
+@pytest.mark.parametrize("label", list(HOSTILE))
+def test_hostile_code_gets_a_verdict_about_itself(lab, tmp_path, label):
+    from labkit.judge.verdict import course_faults
+
+    step, fragment, code = HOSTILE[label]
+    module = tmp_path / "relay.py"
+    module.write_text(REFERENCE.read_text() + "\n" + code)
+    result = run_lab(lab, module, steps=[step], seed=SEED, timeout=3.0)
+    verdict_step = result.steps[0]
+    assert not verdict_step.passed
+    assert fragment in failures(verdict_step), failures(verdict_step)
+    assert course_faults(result.steps) == []
+    assert verdict_step.seconds < 30, f"{label}: the step took {verdict_step.seconds:.0f} s"
