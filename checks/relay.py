@@ -257,6 +257,9 @@ def check_enqueue(ctx: StepContext) -> list[Case]:
         ("qty is 0", event(name(rng, "zero"), qty=0), "Call validate_event first: qty ranges from 1 to 1000."),
         ("qty is 1001", event(name(rng, "big"), qty=1001), "Call validate_event first: qty ranges from 1 to 1000."),
         ("id has 65 characters", event("a" * 65), "Call validate_event first: id has at most 64 characters."),
+        ("id is empty", event(""), "Call validate_event first: id has 1-64 characters."),
+        ("sku has 33 characters", event(name(rng, "long-sku"), "s" * 33), "Call validate_event first: sku has at most "
+                                                                         "32 characters."),
         ("an extra key", {**event(name(rng, "extra")), "note": "x"}, "Call validate_event first: exactly id, sku and qty."),
         ("not a dict", [("id", "x")], "Call validate_event first: an event is a dict."),
     ]
@@ -295,7 +298,7 @@ def check_enqueue(ctx: StepContext) -> list[Case]:
         return None
 
     def seq_order(record: dict) -> Miss | None:
-        if ids()[:2] != [first["id"], second["id"]]:
+        if [i for i in ids() if i in (first["id"], second["id"])] != [first["id"], second["id"]]:
             return Miss(f"the outbox order is {ids()}", "Let seq (AUTOINCREMENT) number rows as they are enqueued.")
         return None
 
@@ -325,6 +328,13 @@ def check_enqueue(ctx: StepContext) -> list[Case]:
                                under("2.validate", nothing_for(bad["id"] if isinstance(bad, dict) else "x", hint))),
                           clauses=("2.validate",)))
         args.append(bad)
+    shortest = event(rng.choice(string.ascii_letters + string.digits), "s" * 32, rng.randint(1, 1000))
+    longest = event("L" + "".join(rng.choices(string.ascii_letters + string.digits + "._-", k=63)), "k", 1000)
+    for label, good in (("id of one character, sku of 32", shortest), ("id has 64 characters, qty 1000", longest)):
+        plans.append(Plan(label, f"enqueue(con, {show(good, 90)})", "True; a pending row",
+                          both(under("2.validate", returns(True, "Lab 01's rules allow this event.")),
+                               under("2.new-pending", saved(good))), clauses=("2.validate", "2.new-pending")))
+        args.append(good)
     plans += [
         Plan("a second event", f"enqueue(con, {show(second)})", "True; after the first in seq order",
              both(under("2.new-pending", returns(True)), under("2.new-pending", seq_order)),
@@ -1087,6 +1097,7 @@ def check_redrive(ctx: StepContext) -> list[Case]:
         ("a set", {q[2]}, 1, "7.ids-shape"),
         ("an empty list", [], 0, "7.ids-shape"),
         ("an empty tuple", (), 0, "7.ids-shape"),
+        ("now 0", [q[2]], 1, "7.requeue"),
         ("a quarantined and a sent row", [q[0], sent_id], ValueError, "7.all-or-nothing"),
         ("a sent row", [sent_id], ValueError, "7.never-sent"),
         ("a pending row", [pending_id], ValueError, "7.all-or-nothing"),
@@ -1116,16 +1127,17 @@ def check_redrive(ctx: StepContext) -> list[Case]:
     paths = copies(template, ctx.workdir, [f"case-{i}" for i in range(len(cases))])
     plans, specs = [], []
     for (label, arg, result, clause), path in zip(cases, paths, strict=True):
-        when = {"now nan": float("nan"), "now True": True}.get(label, now)
+        when = {"now nan": float("nan"), "now True": True, "now 0": 0}.get(label, now)
         called = f"redrive(con, {arg!r}, {when!r})"
         if result is ValueError:
             hint = hints[label]
             plans.append(Plan(label, called, "ValueError; nothing changes",
                               refused(hint, clause, path, stores.fingerprint(path), hint), hint, clauses=(clause,)))
         else:
-            plans.append(Plan(label, called, f"{result}; each back to pending, attempts 0, due {now:g}, last_error kept",
-                              both(under(clause, returns(result, "Return how many rows were redriven.")),
-                                   under("7.requeue", _requeued(path, [ids[i] for i in arg], now)),
+            plans.append(Plan(label, called, f"{result}; each back to pending, attempts 0, due {when:g}, last_error kept",
+                              both(under(clause, returns(result, "Return how many rows were redriven (now 0 is a "
+                                                                 "valid time).")),
+                                   under("7.requeue", _requeued(path, [ids[i] for i in arg], when)),
                                    under("7.requeue", no_open_transaction)), clauses=(clause, "7.requeue")))
         ids_arg = {"set": sorted(arg)} if isinstance(arg, set) else value(arg)  # sets do not cross the pipe
         specs.append({"name": label, "fn": "redrive", "db": str(path), "args": [ids_arg, value(when)]})
@@ -1191,6 +1203,12 @@ def check_relay_once(ctx: StepContext) -> list[Case]:
              replies={mixed[1]["id"]: {"raise": "transient"}, mixed[2]["id"]: {"return": encode(truthy)},
                       mixed[3]["id"]: {"raise": "permanent"}})
     poison = [row(name(rng, "bad"), body="not json"), row(name(rng, "list"), body="[1, 2]"), row(name(rng, "ok"))]
+    equal = [row(name(rng, "one")), row(name(rng, "float"))]
+    scenario("a reply equal to True is not True", equal, _equal_to_true, ("8.true-only",),
+             expected="{'sent': 0, 'retry': 2, 'quarantined': 0, 'stale': 0}: 1 == True and 1.0 == True, but "
+                      "neither is True",
+             called="relay_once(...) where send returns 1, then 1.0",
+             replies={equal[0]["id"]: {"return": encode(1)}, equal[1]["id"]: {"return": encode(1.0)}})
     scenario("a stored body that is not a JSON object", poison, _poison_bodies,
              ("8.poison-body", "8.no-head-of-line"),
              expected="{'sent': 1, 'retry': 0, 'quarantined': 2, 'stale': 0}; send called only for the third row")
@@ -1223,6 +1241,8 @@ def check_relay_once(ctx: StepContext) -> list[Case]:
             ("now nan", ("A", float("nan"), lease, 16), None, "now must be finite.", {}),
             ("a policy without rng", ("A", now, lease, 16), None, "policy needs the four keys base, cap, max_attempts "
                                                                   "and rng.", {"drop_rng": True}),
+            ("a policy with base True", ("A", now, lease, 16), (True, cap, 5), BOOL_HINT, {}),
+            ("a policy with base 0", ("A", now, lease, 16), (0, cap, 5), "0 < base <= cap, as backoff requires.", {}),
             ("a policy with base > cap", ("A", now, lease, 16), (5.0, 1.0, 5),
              "Check the policy like backoff would (0 < base <= cap) before claiming: otherwise the first failure "
              "raises with the row still leased.", {}),
@@ -1325,6 +1345,19 @@ def _mixed(truthy, now: float):
         return check
 
     return make
+
+
+def _equal_to_true(db: Path, rows: list[dict], seed: int, policy: dict):
+    def check(record: dict) -> Miss | None:
+        after = rows_of(db)
+        done = [s for s, r in after.items() if r["state"] == "sent"]
+        if done:
+            return Miss(f"rows {done} were completed although send returned 1 or 1.0",
+                        "Only a return value that `is True` is an ACK: `acked is True`, not `acked == True` "
+                        "(1 == True in Python).")
+        return _counts({"sent": 0, "retry": 2, "quarantined": 0, "stale": 0})(record)
+
+    return check
 
 
 def _poison_bodies(db: Path, rows: list[dict], seed: int, policy: dict):
