@@ -258,6 +258,10 @@ def check_enqueue(ctx: StepContext) -> list[Case]:
         ("qty is 1001", event(name(rng, "big"), qty=1001), "Call validate_event first: qty ranges from 1 to 1000."),
         ("id has 65 characters", event("a" * 65), "Call validate_event first: id has at most 64 characters."),
         ("id is empty", event(""), "Call validate_event first: id has 1-64 characters."),
+        ("id starts with a dash", event("-" + name(rng, "dash")), "Call validate_event first: the first character "
+                                                                  "is a letter or a digit."),
+        ("id has a space", event("snack " + name(rng, "x")), "Call validate_event first: letters, digits, '.', '_' "
+                                                             "and '-' only."),
         ("sku has 33 characters", event(name(rng, "long-sku"), "s" * 33), "Call validate_event first: sku has at most "
                                                                          "32 characters."),
         ("an extra key", {**event(name(rng, "extra")), "note": "x"}, "Call validate_event first: exactly id, sku and qty."),
@@ -328,9 +332,10 @@ def check_enqueue(ctx: StepContext) -> list[Case]:
                                under("2.validate", nothing_for(bad["id"] if isinstance(bad, dict) else "x", hint))),
                           clauses=("2.validate",)))
         args.append(bad)
-    shortest = event(rng.choice(string.ascii_letters + string.digits), "s" * 32, rng.randint(1, 1000))
+    shortest = event(rng.choice(string.ascii_letters + string.digits), "s" * 32, 1)
     longest = event("L" + "".join(rng.choices(string.ascii_letters + string.digits + "._-", k=63)), "k", 1000)
-    for label, good in (("id of one character, sku of 32", shortest), ("id has 64 characters, qty 1000", longest)):
+    for label, good in (("id of one character, sku of 32, qty 1", shortest),
+                        ("id has 64 characters, qty 1000", longest)):
         plans.append(Plan(label, f"enqueue(con, {show(good, 90)})", "True; a pending row",
                           both(under("2.validate", returns(True, "Lab 01's rules allow this event.")),
                                under("2.new-pending", saved(good))), clauses=("2.validate", "2.new-pending")))
@@ -955,6 +960,8 @@ def check_fail(ctx: StepContext) -> list[Case]:
         ("float fence", leased(tok + 10)),
         ("bool fence", leased(1)),  # what True would mean
         ("bool now", leased(tok + 11)),
+        ("past max", leased(tok + 12, attempts=max_attempts + 2)),
+        ("policy checks", leased(tok + 13, attempts=1)),
     ]
     db = make_outbox(ctx.path("fail.db"), [r for _, r in layout], counter=tok + 30)
     seq = {label: i + 1 for i, (label, _) in enumerate(layout)}
@@ -963,9 +970,10 @@ def check_fail(ctx: StepContext) -> list[Case]:
 
     def add(label: str, s, fence, error: dict, expected: str, check, clauses: tuple[str, ...], seed: int,
             hint: str = "", policy_fields: tuple = (base, cap, max_attempts), when=now) -> None:
+        rng_text = f"rng Random({seed})" if seed is not None else "no rng"
         plans.append(Plan(label, f"fail(con, {s!r}, {fence!r}, {error['kind'].replace('_', ' ')} error "
-                                 f"{error['message'][:30]!r}, {when!r}, {{base {policy_fields[0]}, cap "
-                                 f"{policy_fields[1]}, max_attempts {policy_fields[2]}, rng Random({seed})}})",
+                                 f"{error['message'][:30]!r}, {when!r}, {{base {policy_fields[0]!r}, cap "
+                                 f"{policy_fields[1]!r}, max_attempts {policy_fields[2]!r}, {rng_text}}})",
                           expected, check, hint, clauses=clauses))
         specs.append({"name": label, "fn": "fail", "db": str(db),
                       "args": [value(s), value(fence), {"error": error}, value(when), _policy(*policy_fields, seed)]})
@@ -1017,6 +1025,27 @@ def check_fail(ctx: StepContext) -> list[Case]:
              draws(seed, 0, "6.rng-only-retry", "A quarantine draws no random number: call backoff only for a "
                                                 "retry.")),
         ("6.quarantine-max", "6.rng-only-retry"), seed)
+    seed = rng.randrange(2**31)
+    add(f"attempt {max_attempts + 2} of {max_attempts} (max_attempts was lowered)", seq["past max"],
+        before[seq["past max"]]["fence"], transient, "'quarantined'",
+        both(under("6.quarantine-max", returns("quarantined", "attempts >= max_attempts: also when attempts is past "
+                                                              "it, not only equal to it.")),
+             under("6.quarantine-max", row_is(db, seq["past max"], "attempts >= max_attempts → quarantined.",
+                                              state="quarantined"))),
+        ("6.quarantine-max",), seed)
+    checked = seq["policy checks"]
+    for label, fields, hint in (
+            ("a policy without rng", (base, cap, max_attempts), "policy needs base, cap, max_attempts and rng."),
+            ("a policy with base True", (True, cap, max_attempts), BOOL_HINT),
+            ("a policy with base 0", (0, cap, max_attempts), "0 < base <= cap, as backoff requires."),
+            ("a policy with base > cap", (cap + 1, cap, max_attempts), "0 < base <= cap, as backoff requires."),
+            ("a policy with max_attempts 0", (base, cap, 0), "max_attempts is an int of at least 1."),
+            ("a policy with max_attempts True", (base, cap, True), BOOL_HINT)):
+        seed = None if "without rng" in label else rng.randrange(2**31)
+        add(f"{label} is refused", checked, before[checked]["fence"], transient, "ValueError; nothing changes",
+            both(under("6.token-check", raises("ValueError", "Check the policy before touching the row: " + hint)),
+                 untouched("policy checks", "A refused call changes nothing.", "6.token-check")),
+            ("6.token-check",), seed, hint, policy_fields=fields)
     for label, kind in (("permanent", "permanent"), ("permanent subclass", "permanent_subclass")):
         seed = rng.randrange(2**31)
         message = "sku snack is discontinued"
