@@ -412,6 +412,34 @@ def _token_of(db: str, seq: Any) -> tuple[str | None, int | None]:
     return (row[0], row[1]) if row else (None, None)
 
 
+class Publishing:
+    """What each publisher process of the final check shares: the HTTP send with the token of
+    each claim this process holds, an after_claim that records that token, and the policy with
+    its Random(seed)."""
+
+    def __init__(self, mod, args: dict) -> None:
+        self.mod, self.args, self.db = mod, args, args["db"]
+        self.tokens: dict[str, int] = {}
+        self.sent: list[dict] = []
+        self.send = http_send(mod, args["url"], self.tokens, self.sent)
+        self.policy = {"base": args["base"], "cap": args["cap"], "max_attempts": args["max_attempts"],
+                       "rng": random.Random(args["seed"])}
+
+    def remember(self, seq) -> tuple[str | None, int | None]:
+        event_id, fence = _token_of(self.db, seq)
+        if event_id is not None:
+            self.tokens[event_id] = fence
+        return event_id, fence
+
+    def open(self) -> tuple[dict, Any]:
+        return probe.call_keep(probe.function(self.mod, "open_outbox"), self.db)
+
+    def relay(self, con, now, after_claim=None) -> dict:
+        return probe.call(probe.function(self.mod, "relay_once"), con, self.args["owner"], self.send, now,
+                          self.args["lease"], self.args["limit"], self.policy,
+                          after_claim=after_claim or self.remember)
+
+
 def publisher(mod, args: dict) -> None:
     """One publisher process of the final check.
 
@@ -419,45 +447,36 @@ def publisher(mod, args: dict) -> None:
     with SIGSTOP (the judge sends SIGCONT); "drain" — relay_once until the judge's `until` IDs
     are sent or quarantined, at the `nows` the judge lists first, then at the real clock.
     """
-    db, mode = args["db"], args["mode"]
-    tokens: dict[str, int] = {}
-    sent: list[dict] = []
-    send = http_send(mod, args["url"], tokens, sent)
+    mode = args["mode"]
+    pub = Publishing(mod, args)
 
     def after_claim(seq):
-        event_id, fence = _token_of(db, seq)
-        if event_id is not None:
-            tokens[event_id] = fence
+        event_id, fence = pub.remember(seq)
         probe.emit({"event": "note", "kind": "claimed", "seq": encode(seq), "id": event_id, "fence": fence,
                     "t": time.time()})
         if mode == "die":
             os._exit(args["exit_code"])  # no finally, no close: the process really dies here
         if mode == "pause":
-            probe.emit({"event": "note", "kind": "stopping", "t": time.time()})
             os.kill(os.getpid(), signal.SIGSTOP)
-            probe.emit({"event": "note", "kind": "continued", "t": time.time()})
 
-    policy = {"base": args["base"], "cap": args["cap"], "max_attempts": args["max_attempts"],
-              "rng": random.Random(args["seed"])}
     probe.started("relay")
-    outcome, con = probe.call_keep(probe.function(mod, "open_outbox"), db)
+    outcome, con = pub.open()
     rounds: list[dict] = []
     if outcome["kind"] == "returned":
         nows = list(args.get("nows", []))
         deadline = time.monotonic() + args.get("seconds", 0)
         while True:
             now = nows.pop(0) if nows else time.time()
-            outcome = probe.call(probe.function(mod, "relay_once"), con, args["owner"], send, now,
-                                 args["lease"], args["limit"], policy, after_claim=after_claim)
+            outcome = pub.relay(con, now, after_claim)
             rounds.append({"now": now, "outcome": outcome})
             if outcome["kind"] != "returned" or mode != "drain":
                 break
-            if not nows and (_settled(db, args["until"]) or time.monotonic() > deadline):
+            if not nows and (_settled(pub.db, args["until"]) or time.monotonic() > deadline):
                 break
             if not nows:
                 time.sleep(0.02)
         close(con)
-    probe.report("relay", outcome, rounds=rounds, sent=sent)
+    probe.report("relay", outcome, rounds=rounds, sent=pub.sent)
 
 
 def _settled(db: str, ids: list[str]) -> bool:
@@ -469,64 +488,47 @@ def _settled(db: str, ids: list[str]) -> bool:
     return all(states.get(i) in ("sent", "quarantined") for i in ids)
 
 
+def _next_due(db: str) -> float | None:
+    other = plain(db, timeout=1.0)
+    try:
+        (due,) = other.execute("SELECT min(due) FROM outbox WHERE state = 'pending'").fetchone()
+    finally:
+        other.close()
+    return due
+
+
 def poison(mod, args: dict) -> None:
     """Final check, part 3: relay_once at the judge's clock: `start`, then at each next due time
     of a pending row, until nothing is pending (at most `rounds` calls)."""
-    db = args["db"]
-    tokens: dict[str, int] = {}
-    sent: list[dict] = []
-    send = http_send(mod, args["url"], tokens, sent)
-
-    def after_claim(seq):
-        event_id, fence = _token_of(db, seq)
-        if event_id is not None:
-            tokens[event_id] = fence
-
-    policy = {"base": args["base"], "cap": args["cap"], "max_attempts": args["max_attempts"],
-              "rng": random.Random(args["seed"])}
+    pub = Publishing(mod, args)
     probe.started("relay")
-    outcome, con = probe.call_keep(probe.function(mod, "open_outbox"), db)
+    outcome, con = pub.open()
     rounds: list[dict] = []
     if outcome["kind"] == "returned":
         now = args["start"]
         for _ in range(args["rounds"]):
-            outcome = probe.call(probe.function(mod, "relay_once"), con, args["owner"], send, now,
-                                 args["lease"], args["limit"], policy, after_claim=after_claim)
+            outcome = pub.relay(con, now)
             rounds.append({"now": now, "outcome": outcome})
-            if outcome["kind"] != "returned":
-                break
-            (due,) = con.execute("SELECT min(due) FROM outbox WHERE state = 'pending'").fetchone()
+            due = _next_due(pub.db) if outcome["kind"] == "returned" else None
             if due is None:
                 break
             now = max(now, due)
         close(con)
-    probe.report("relay", outcome, rounds=rounds, sent=sent)
+    probe.report("relay", outcome, rounds=rounds, sent=pub.sent)
 
 
 def redriving(mod, args: dict) -> None:
     """Final check, part 4: redrive the quarantined IDs, then one relay_once."""
-    db = args["db"]
-    tokens: dict[str, int] = {}
-    sent: list[dict] = []
-    send = http_send(mod, args["url"], tokens, sent)
-
-    def after_claim(seq):
-        event_id, fence = _token_of(db, seq)
-        if event_id is not None:
-            tokens[event_id] = fence
-
-    policy = {"base": args["base"], "cap": args["cap"], "max_attempts": args["max_attempts"],
-              "rng": random.Random(args["seed"])}
+    pub = Publishing(mod, args)
     probe.started("redrive")
-    outcome, con = probe.call_keep(probe.function(mod, "open_outbox"), db)
+    outcome, con = pub.open()
     relayed = None
     if outcome["kind"] == "returned":
         outcome = probe.call(probe.function(mod, "redrive"), con, args["ids"], args["now"])
         if outcome["kind"] == "returned":
-            relayed = probe.call(probe.function(mod, "relay_once"), con, args["owner"], send, args["now"],
-                                 args["lease"], args["limit"], policy, after_claim=after_claim)
+            relayed = pub.relay(con, args["now"])
         close(con)
-    probe.report("redrive", outcome, relayed=relayed, sent=sent)
+    probe.report("redrive", outcome, relayed=relayed, sent=pub.sent)
 
 
 # --- step 5: the child-side half of backoff's differential property test ----------------------
