@@ -266,6 +266,8 @@ def check_enqueue(ctx: StepContext) -> list[Case]:
                                                                          "32 characters."),
         ("an extra key", {**event(name(rng, "extra")), "note": "x"}, "Call validate_event first: exactly id, sku and qty."),
         ("not a dict", [("id", "x")], "Call validate_event first: an event is a dict."),
+        ("a missing key", {"id": name(rng, "nosku"), "qty": 3}, "Call validate_event first: all three keys are "
+                                                                "required (a ValueError, not a KeyError)."),
     ]
 
     def ids() -> list[str]:
@@ -537,6 +539,7 @@ def _claim_cases(ctx: StepContext) -> list[Case]:
         ("owner not a str", 7, now, lease, 1, "owner must be a str.", "3.owner-range"),
         ("owner True", True, now, lease, 1, "owner must be a str: True is a bool.", "3.owner-range"),
         ("now -1", owner, -1, lease, 1, "now is at least 0.", "3.now-range"),
+        ("now -0.001", owner, -0.001, lease, 1, "now is at least 0.", "3.now-range"),
         ("now nan", owner, float("nan"), lease, 1, "nan compares false with everything: test `math.isfinite`.",
          "3.now-range"),
         ("now inf", owner, float("inf"), lease, 1, "now must be finite: `math.isfinite`.", "3.now-range"),
@@ -962,6 +965,7 @@ def check_fail(ctx: StepContext) -> list[Case]:
         ("bool now", leased(tok + 11)),
         ("past max", leased(tok + 12, attempts=max_attempts + 2)),
         ("policy checks", leased(tok + 13, attempts=1)),
+        ("negative now", leased(tok + 14)),
     ]
     db = make_outbox(ctx.path("fail.db"), [r for _, r in layout], counter=tok + 30)
     seq = {label: i + 1 for i, (label, _) in enumerate(layout)}
@@ -1090,7 +1094,8 @@ def check_fail(ctx: StepContext) -> list[Case]:
             ("bool seq", True, tok, BOOL_HINT + " fail(con, True, …) must not fail row 1.", now),
             ("float fence", seq["float fence"], float(tok + 10), "fence must be an int.", now),
             ("bool fence", seq["bool fence"], True, BOOL_HINT + " True is not token 1.", now),
-            ("bool now", seq["bool now"], tok + 11, BOOL_HINT + " now is a number, never a bool.", True)):
+            ("bool now", seq["bool now"], tok + 11, BOOL_HINT + " now is a number, never a bool.", True),
+            ("negative now", seq["negative now"], tok + 14, "now is a finite number >= 0, as in claim.", -0.001)):
         seed = rng.randrange(2**31)
         add(f"{label} is refused", s, fence, transient, "ValueError; nothing changes",
             both(under("6.token-check", raises("ValueError", hint)), untouched(label, hint, "6.token-check"),
