@@ -1046,7 +1046,9 @@ def check_fail(ctx: StepContext) -> list[Case]:
             ("a policy with max_attempts 0", (base, cap, 0), "max_attempts is an int of at least 1."),
             ("a policy with max_attempts True", (base, cap, True), BOOL_HINT)):
         seed = None if "without rng" in label else rng.randrange(2**31)
-        add(f"{label} is refused", checked, before[checked]["fence"], transient, "ValueError; nothing changes",
+        # A PermanentError: the quarantine path never calls backoff, so only fail's own check can refuse.
+        add(f"{label} is refused", checked, before[checked]["fence"],
+            {"kind": "permanent", "message": "sku snack is discontinued"}, "ValueError; nothing changes",
             both(under("6.token-check", raises("ValueError", "Check the policy before touching the row: " + hint)),
                  untouched("policy checks", "A refused call changes nothing.", "6.token-check")),
             ("6.token-check",), seed, hint, policy_fields=fields)
