@@ -135,7 +135,8 @@ def _two_publishers(ctx: StepContext, scene: Scene, common: dict) -> None:
         paused = pool.submit(run_child, ctx.solution, f"{ctx.lab.probes}:publisher", args, workdir=ctx.workdir,
                              timeout=ctx.timeout, marker=marker, module_name=ctx.lab.module_name)
         try:
-            deadline = time.monotonic() + ctx.timeout / 2
+            # Bounded by the child's own time limit: run_child kills it and returns by then.
+            deadline = time.monotonic() + ctx.timeout + 2.0
             while not paused.done() and time.monotonic() < deadline:
                 if _stopped_pids(marker):
                     scene.stopped_at = time.time()
