@@ -249,6 +249,8 @@ def check_enqueue(ctx: StepContext) -> list[Case]:
     first = event(name(rng, "z"), name(rng, "sku", 3), rng.randint(1, 1000))
     second = event(name(rng, "a"), first["sku"], rng.randint(1, 1000))
     changed = {**first, "qty": first["qty"] % 1000 + 1}
+    # Other content that sorts before and after the stored body: a comparison other than == shows.
+    before_it, after_it = {**first, "sku": "a" + first["sku"]}, {**first, "sku": "z" + first["sku"]}
     boom = event(name(rng, "boom"), "snack", 3)
     stores.execute(db, f"""CREATE TRIGGER outbox_full BEFORE INSERT ON outbox
         WHEN NEW.id = '{boom["id"]}' BEGIN SELECT RAISE(ABORT, 'outbox is full'); END;""")
@@ -327,7 +329,14 @@ def check_enqueue(ctx: StepContext) -> list[Case]:
                   under("2.one-transaction", no_open_transaction), under("2.conflict", kept_body)),
              clauses=("2.conflict",)),
     ]
-    args = [first, first, changed]
+    for label, other in (("same id, content that sorts first", before_it),
+                         ("same id, content that sorts last", after_it)):
+        plans.append(Plan(label, f"enqueue(con, {show(other)})", "Conflict; nothing changes",
+                          both(under("2.conflict", is_module_exception("Conflict", "Compare the stored body with the "
+                                                                                   "new one for equality: any other "
+                                                                                   "body → Conflict.")),
+                               under("2.conflict", kept_body)), clauses=("2.conflict",)))
+    args = [first, first, changed, before_it, after_it]
     for label, bad, hint in invalid:
         plans.append(Plan(label, f"enqueue(con, {show(bad, 70)})", "ValueError; nothing written",
                           both(under("2.validate", raises("ValueError", hint)),
@@ -797,6 +806,7 @@ def check_backoff(ctx: StepContext) -> list[Case]:
         ("a tiny base, a large cap", 70, 1e-20, 3600.0),
         ("attempt 10**6", 10**6, 0.25, 30.0),
         ("attempt 10**6 with an int base", 10**6, 1, 3600),
+        ("attempt 10**9", 10**9, 0.5, 60.0),
     ]
     for _ in range(4):  # randomness adds cases, never replaces them
         base = rng.choice((0.1, 0.5, 1, 2.5, rng.uniform(0.01, 10)))
@@ -933,8 +943,9 @@ def _drawn(seed: int, attempt: int, base: float, cap: float):
 # --- step 6 ---------------------------------------------------------------------------------
 
 
-def _policy(base, cap, max_attempts, seed: int | None) -> dict:
-    fields = {"base": encode(base), "cap": encode(cap), "max_attempts": encode(max_attempts)}
+def _policy(base, cap, max_attempts, seed: int | None, **extra) -> dict:
+    fields = {"base": encode(base), "cap": encode(cap), "max_attempts": encode(max_attempts),
+              **{k: encode(v) for k, v in extra.items()}}
     return {"policy": {"fields": fields, **({"seed": seed} if seed is not None else {})}}
 
 
@@ -965,6 +976,10 @@ def check_fail(ctx: StepContext) -> list[Case]:
         ("bool now", leased(tok + 11)),
         ("past max", leased(tok + 12, attempts=max_attempts + 2)),
         ("policy checks", leased(tok + 13, attempts=1)),
+        ("max_attempts 1", leased(tok + 15, attempts=1)),
+        ("base equals cap", leased(tok + 16, attempts=2)),
+        ("now 0", leased(tok + 17, attempts=1)),
+        ("extra key", leased(tok + 18, attempts=1)),
         ("negative now", leased(tok + 14)),
     ]
     db = make_outbox(ctx.path("fail.db"), [r for _, r in layout], counter=tok + 30)
@@ -973,14 +988,16 @@ def check_fail(ctx: StepContext) -> list[Case]:
     plans, specs = [], []
 
     def add(label: str, s, fence, error: dict, expected: str, check, clauses: tuple[str, ...], seed: int,
-            hint: str = "", policy_fields: tuple = (base, cap, max_attempts), when=now) -> None:
+            hint: str = "", policy_fields: tuple = (base, cap, max_attempts), when=now,
+            extra_policy: dict | None = None) -> None:
         rng_text = f"rng Random({seed})" if seed is not None else "no rng"
         plans.append(Plan(label, f"fail(con, {s!r}, {fence!r}, {error['kind'].replace('_', ' ')} error "
                                  f"{error['message'][:30]!r}, {when!r}, {{base {policy_fields[0]!r}, cap "
                                  f"{policy_fields[1]!r}, max_attempts {policy_fields[2]!r}, {rng_text}}})",
                           expected, check, hint, clauses=clauses))
         specs.append({"name": label, "fn": "fail", "db": str(db),
-                      "args": [value(s), value(fence), {"error": error}, value(when), _policy(*policy_fields, seed)]})
+                      "args": [value(s), value(fence), {"error": error}, value(when),
+                               _policy(*policy_fields, seed, **(extra_policy or {}))]})
 
     def draws(seed: int, n: int, clause: str, hint: str):
         def check(record: dict) -> Miss | None:
@@ -1042,6 +1059,8 @@ def check_fail(ctx: StepContext) -> list[Case]:
             ("a policy without rng", (base, cap, max_attempts), "policy needs base, cap, max_attempts and rng."),
             ("a policy with base True", (True, cap, max_attempts), BOOL_HINT),
             ("a policy with base 0", (0, cap, max_attempts), "0 < base <= cap, as backoff requires."),
+            ("a policy with base 0.0", (0.0, cap, max_attempts), "0 < base <= cap, as backoff requires."),
+            ("a policy with base -1", (-1.0, cap, max_attempts), "0 < base <= cap, as backoff requires."),
             ("a policy with base > cap", (cap + 1, cap, max_attempts), "0 < base <= cap, as backoff requires."),
             ("a policy with max_attempts 0", (base, cap, 0), "max_attempts is an int of at least 1."),
             ("a policy with max_attempts True", (base, cap, True), BOOL_HINT)):
@@ -1052,6 +1071,21 @@ def check_fail(ctx: StepContext) -> list[Case]:
             both(under("6.token-check", raises("ValueError", "Check the policy before touching the row: " + hint)),
                  untouched("policy checks", "A refused call changes nothing.", "6.token-check")),
             ("6.token-check",), seed, hint, policy_fields=fields)
+    for label, fields, when, state, extra in (
+            ("max_attempts 1", (base, cap, 1), now, "quarantined", {}),
+            ("base equals cap", (cap, cap, max_attempts), now, "pending", {}),
+            ("now 0", (base, cap, max_attempts), 0, "pending", {}),
+            ("extra key", (base, cap, max_attempts), now, "pending", {"note": "other keys are ignored"})):
+        seed = rng.randrange(2**31)
+        attempts = before[seq[label]]["attempts"]
+        due = {} if state == "quarantined" else {"due": when + oracle.backoff(attempts, fields[0], fields[1],
+                                                                               random.Random(seed))}
+        add(f"{label} is accepted", seq[label], before[seq[label]]["fence"], transient, f"{state!r}",
+            both(under("6.returns-state", returns(state, "This policy and this now are inside the contract: "
+                                                         "max_attempts >= 1, 0 < base <= cap, now >= 0; other keys "
+                                                         "of the policy are ignored.")),
+                 under("6.retry", row_is(db, seq[label], "Apply the policy as given.", state=state, **due))),
+            ("6.returns-state", "6.retry"), seed, policy_fields=fields, when=when, extra_policy=extra)
     for label, kind in (("permanent", "permanent"), ("permanent subclass", "permanent_subclass")):
         seed = rng.randrange(2**31)
         message = "sku snack is discontinued"
@@ -1124,7 +1158,10 @@ def check_redrive(ctx: StepContext) -> list[Case]:
         row(letters[0], state="quarantined", attempts=3, fence=37, last_error="Transient: down"),
         row(letters[1], state="quarantined", attempts=3, fence=38, last_error="Transient: down"),
     ]
-    template = make_outbox(ctx.path("redrive.db"), layout, counter=40)
+    crowd = [f"crowd-{i:03d}" for i in range(300)]  # more than CPython's cached small ints
+    layout += [row(i, state="quarantined", attempts=5, fence=40 + n, last_error="Transient: down")
+               for n, i in enumerate(crowd)]
+    template = make_outbox(ctx.path("redrive.db"), layout, counter=400)
     ids = {r["id"]: i + 1 for i, r in enumerate(layout)}
     sent_id, pending_id, leased_id = layout[3]["id"], layout[4]["id"], layout[5]["id"]
     cases = [
@@ -1134,6 +1171,8 @@ def check_redrive(ctx: StepContext) -> list[Case]:
         ("an empty list", [], 0, "7.ids-shape"),
         ("an empty tuple", (), 0, "7.ids-shape"),
         ("now 0", [q[2]], 1, "7.requeue"),
+        ("300 quarantined rows", crowd, 300, "7.requeue"),
+        ("now -0.001", [q[0]], ValueError, "7.ids-shape"),
         ("a quarantined and a sent row", [q[0], sent_id], ValueError, "7.all-or-nothing"),
         ("a sent row", [sent_id], ValueError, "7.never-sent"),
         ("a pending row", [pending_id], ValueError, "7.all-or-nothing"),
@@ -1159,11 +1198,12 @@ def check_redrive(ctx: StepContext) -> list[Case]:
         "an id that is not a str": "Each id is a str.",
         "now nan": "now is a finite number >= 0, as in claim.",
         "now True": BOOL_HINT,
+        "now -0.001": "now is a finite number >= 0, as in claim.",
     }
     paths = copies(template, ctx.workdir, [f"case-{i}" for i in range(len(cases))])
     plans, specs = [], []
     for (label, arg, result, clause), path in zip(cases, paths, strict=True):
-        when = {"now nan": float("nan"), "now True": True, "now 0": 0}.get(label, now)
+        when = {"now nan": float("nan"), "now True": True, "now 0": 0, "now -0.001": -0.001}.get(label, now)
         called = f"redrive(con, {arg!r}, {when!r})"
         if result is ValueError:
             hint = hints[label]
