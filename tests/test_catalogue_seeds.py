@@ -70,14 +70,8 @@ def test_a_seed_dependent_verdict_is_caught(monkeypatch, tmp_path):
     drawn = [case for case in toylab.CASES if case[0] != "a float"]
 
     def check_half(ctx):  # the float case only when the seed's first draw says so
-        cases = toylab.CASES if ctx.rng.random() < 0.5 else drawn
-        monkeypatch.setattr(toylab, "CASES", cases)
-        try:
-            return real_check(ctx)
-        finally:
-            monkeypatch.setattr(toylab, "CASES", all_cases)
+        return toylab.check_cases(ctx, toylab.CASES if ctx.rng.random() < 0.5 else drawn)
 
-    all_cases, real_check = toylab.CASES, toylab.check_half
     monkeypatch.setattr(toylab.LAB.steps[0], "run", check_half)
     path = tmp_path / "wrong_solutions" / "toy" / "float_accepted.py"
     fingerprints = {seed: fingerprint(steps) for seed, steps in verdicts_by_seed("toy", path).items()}

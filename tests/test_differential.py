@@ -237,3 +237,39 @@ def test_loading_one_more_local_module_changes_nothing_with_differentials_settin
     drawn = [subprocess.run([sys.executable, "generate.py", mode, more], cwd=tmp_path, env=env, capture_output=True,
                             text=True, check=True).stdout for more in ("same", "more")]
     assert (drawn[0] == drawn[1]) is patched
+
+
+ADAPTER = '''\
+import random
+
+
+def call_pick(pick, items, seed):
+    """What cannot cross the pipe is built in the child: a Random seeded as the judge says."""
+    return pick(items, random.Random(seed))
+'''
+
+
+def check_pick(ctx: StepContext):
+    from hypothesis import strategies as st
+
+    args = st.tuples(st.lists(st.integers(0, 99), min_size=1, max_size=5), st.integers(0, 2**32))
+    return differential(ctx, "pick", args, lambda items, seed: random.Random(seed).choice(items),
+                        lambda items, seed: ("3.seeded", "Draw only from the rng you are given."),
+                        clauses=("3.seeded",), adapter="toy_probes:call_pick",
+                        show_call=lambda items, seed: f"pick({items}, random.Random({seed}))")
+
+
+@pytest.mark.parametrize(("body", "passed"), [("return rng.choice(items)", True),
+                                               ("return random.choice(items)", False)],
+                         ids=["uses the rng it is given", "uses the global random"])
+def test_an_adapter_builds_in_the_child_what_cannot_cross_the_pipe(tmp_path, monkeypatch, body, passed):
+    probes = student_dir(tmp_path, 1)
+    (probes / "toy_probes.py").write_text(ADAPTER)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(probes), os.environ.get("PYTHONPATH")])))
+    path = student(tmp_path, f"import random\n\n\ndef pick(items, rng):\n    {body}\n")
+    lab = LabSpec("toy", "toy", "labkit.probe", [StepSpec(3, "pick", 1, check_pick)])
+    [case] = run_lab(lab, path, seed=1).steps[0].cases
+    assert case.passed is passed
+    if not passed:
+        assert case.called.startswith("pick([") and ", random.Random(" in case.called
+        assert case.clauses == ("3.seeded",)

@@ -66,14 +66,22 @@ def test_grandchild_that_escapes_with_setsid(judged, tmp_path, close_fds):
     path = with_code(
         tmp_path, "validate_event",
         "import os, time",
+        "ready, written = os.pipe()",
         "if os.fork() == 0:",
         "    os.setsid()",
         f"    with open({str(pids)!r}, 'a') as fh:",
         "        fh.write(f'{os.getpid()}\\n')",
+        "    os.write(written, b'x')",
         "    if " + repr(close_fds) + ":",
         "        os.closerange(0, 65536)",
         "    time.sleep(60)",
         "    os._exit(0)",
+        # wait (bounded) until the grandchild has written its pid: under load the judge could
+        # otherwise kill it first, and the count below would race
+        "os.close(written)",
+        "import select",
+        "select.select([ready], [], [], 5)",
+        "os.close(ready)",
     )
     verdict = judged(path, steps=[1])
     assert verdict.passed  # the parent's answers are right; only its grandchildren misbehave

@@ -46,8 +46,12 @@ CASES = [
 
 
 def check_half(ctx: StepContext) -> list[Case]:
-    plans = [Plan(label, f"half({show(arg)})", "?", check, clauses=clauses) for label, arg, check, clauses in CASES]
-    specs = [{"name": label, "fn": "half", "args": [encode(arg)]} for label, arg, _, _ in CASES]
+    return check_cases(ctx, CASES)
+
+
+def check_cases(ctx: StepContext, cases: list) -> list[Case]:
+    plans = [Plan(label, f"half({show(arg)})", "?", check, clauses=clauses) for label, arg, check, clauses in cases]
+    specs = [{"name": label, "fn": "half", "args": [encode(arg)]} for label, arg, _, _ in cases]
     return ctx.cases("calls", plans, {"calls": specs}, probes="labkit.probe")
 
 
