@@ -596,8 +596,9 @@ def _race(ctx: StepContext) -> list[Case]:
                                                            "cases": ["claims"]}), RACERS))
     entries = audit(db)
     claims = claims_in(entries)
-    case = Case(f"{len(RACERS)} processes race to claim {total} rows", Outcome.PASSED,
-                f"claim(con, owner, {now:g}, 3600, {limit}) in a loop, in {len(RACERS)} processes at once, on one file",
+    case = Case(f"{len(RACERS)} processes race to claim every row", Outcome.PASSED,
+                f"claim(con, owner, {now:g}, 3600, {limit}) in a loop, in {len(RACERS)} processes at once, on one "
+                f"file of {total} due rows",
                 "every row claimed exactly once; tokens strictly increasing from "
                 f"{start + 1}; fence_counter.last = {start + total}",
                 clauses=("3.one-transaction", "3.tokens-increase", "3.global-counter"))
@@ -808,10 +809,14 @@ def check_backoff(ctx: StepContext) -> list[Case]:
         ("attempt 10**6 with an int base", 10**6, 1, 3600),
         ("attempt 10**9", 10**9, 0.5, 60.0),
     ]
-    for _ in range(4):  # randomness adds cases, never replaces them
-        base = rng.choice((0.1, 0.5, 1, 2.5, rng.uniform(0.01, 10)))
-        fixed.append((f"random: attempt {{}} base {base:g}", rng.randint(1, 40), base,
-                      rng.choice((base, base * rng.randint(2, 100), 3600.0))))
+    # Randomness adds cases, never replaces them, and never changes what a case can catch: each
+    # random case stays in its category (below the cap with room to spare, or capped) under every seed.
+    for n in (1, 2):
+        attempt, base = rng.randint(1, 12), round(rng.uniform(0.01, 10), 3)
+        fixed.append((f"random, below the cap ({n})", attempt, base,
+                      round(base * 2 ** (attempt - 1) * rng.uniform(2.5, 50), 3)))
+        attempt, base = rng.randint(8, 60), round(rng.uniform(0.01, 5), 3)
+        fixed.append((f"random, capped ({n})", attempt, base, round(base * 2 ** (attempt - 1) / rng.uniform(1.5, 1000), 3)))
     for label, attempt, base, cap in fixed:
         clauses = ("5.full-jitter", "5.seeded-rng") + (("5.cap",) if oracle.ceiling(attempt, base, cap) == cap else ()) + \
                   (("5.large-attempt",) if attempt >= 10**6 else ())
@@ -848,13 +853,11 @@ def _backoff_property(ctx: StepContext) -> list[Case]:
     attempts = st.integers(1, 8) | st.integers(1, 8) | st.integers(9, 80) | st.sampled_from((1_000, 4_321, 10**6))
     factors = st.sampled_from((1, 1.5, 2, 3, 7.5, 64, 1000)) | st.floats(min_value=1.0, max_value=1e4)
     valid = st.tuples(attempts, sizes, factors).map(lambda t: (t[0], t[1], t[1] * t[2]))
-    odd = st.sampled_from((0, -1, True, 2.0, float("nan"), float("inf"), "2", None))
-    invalid = (st.tuples(odd, sizes, sizes) | st.tuples(attempts, odd, sizes) | st.tuples(attempts, sizes, odd)
-               | st.tuples(attempts, st.just(5.0), st.floats(min_value=1e-3, max_value=4.99)))
-    strategy = st.tuples(st.one_of(valid, valid, valid, invalid), st.integers(0, 2**32 - 1)).map(
-        lambda t: (*t[0], t[1]))
+    # Valid inputs only: whether a random search meets one bad argument depends on the seed, and
+    # a verdict must not; every bad argument has its own case above, in every run.
+    strategy = st.tuples(valid, st.integers(0, 2**32 - 1)).map(lambda t: (*t[0], t[1]))
     return differential(ctx, "backoff", strategy, oracle.backoff_triple, _backoff_clause,
-                        clauses=("5.full-jitter", "5.cap", "5.seeded-rng", "5.large-attempt", "5.arg-ranges"),
+                        clauses=("5.full-jitter", "5.cap", "5.seeded-rng", "5.large-attempt"),
                         adapter="checks.relay_probes:backoff_adapter", examples=100,
                         show_call=lambda a, b, c, seed: f"backoff({a!r}, {b!r}, {c!r}, random.Random({seed}))")
 

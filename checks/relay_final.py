@@ -412,18 +412,18 @@ def _pill_cases(ctx: StepContext, scene: Scene, reason: str) -> list[Case]:
     ids = scene.ids
     c_problem = _problem(scene.runs.get("C"), "C", ctx.timeout)
     return [
-        _case(f"the refused event {ids['refused']} is quarantined on its first attempt",
-              "relay_once(con, 'C', send, now, …) where the warehouse answers 422 for it",
+        _case("the refused event is quarantined on its first attempt",
+              f"relay_once(con, 'C', send, now, …) where the warehouse answers 422 for {ids['refused']}",
               "one request, 422; quarantined after one attempt with last_error 'PermanentError: 422 …'",
               "final.poison-quarantined", c_problem or _quarantined(scene, reason)),
-        _case(f"the flaky event {ids['flaky']} is retried with growing, jittered waits",
-              "relay_once(...) again at each due time (the judge's clock)",
+        _case("the flaky event is retried with growing, jittered waits",
+              f"relay_once(...) again at each due time of {ids['flaky']} (the judge's clock)",
               "503, 503, then applied; due = now + backoff(1), then + backoff(2), from the seeded rng",
               "final.transient-retried", c_problem or _retried(ctx, scene)),
         _case("the other three are delivered at once", "the first relay_once(con, 'C', ...)",
               f"{', '.join(v for k, v in ids.items() if k.startswith('plain'))} delivered by the first call",
               "final.no-head-of-line", c_problem or _at_once(scene)),
-        _case(f"after the refusal is lifted, {ids['refused']} is redriven and delivered",
+        _case("after the refusal is lifted, the refused event is redriven and delivered",
               f"redrive(con, [{ids['refused']!r}], now) and relay_once(con, 'D', …) in a new process",
               "1; pending with attempts 0, last_error kept; then delivered, applied", "final.redrive",
               _redriven(ctx, scene)),
