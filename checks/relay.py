@@ -893,9 +893,17 @@ def _no_draw(seed: int):
 
 
 def _drawn(seed: int, attempt: int, base: float, cap: float):
+    """The wait Random(seed) gives, or a miss that names the mistake by the shape of what came
+    back (the same draw times another ceiling, the ceiling itself, half plus half...): a rule of
+    what was returned, not of which draw the seed happened to give."""
     ceiling = oracle.ceiling(attempt, base, cap)
+    uncapped = oracle.ceiling(attempt, base, math.inf)
+    doubled = oracle.ceiling(attempt + 1, base, cap)
     expected = oracle.backoff(attempt, base, cap, random.Random(seed))
-    draw = expected / ceiling if ceiling else 0.0  # the random() behind the expected wait
+    draw = random.Random(seed).random()  # the one random() behind the expected wait
+
+    def like(got: float, want: float) -> bool:
+        return math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-12)
 
     def check(record: dict) -> Miss | None:
         outcome, seen = record["outcome"], record["observed"]
@@ -914,31 +922,31 @@ def _drawn(seed: int, attempt: int, base: float, cap: float):
                         "cannot be replayed from a seed.", clause="5.seeded-rng")
         if type(got) not in (int, float) or isinstance(got, bool):
             return Miss(f"returned {show(got)}", "Return the wait as a float.")
-        if got > ceiling * (1 + 1e-12) and got > cap * (1 + 1e-12):
-            return Miss(f"returned {got!r}, more than cap {cap!r}", "The ceiling is `min(cap, base * 2 ** (attempt - "
-                                                                    "1))`: without the cap, waits grow without "
-                                                                    "bound.", clause="5.cap")
-        if math.isclose(got, ceiling, rel_tol=1e-12) and not math.isclose(draw, 1.0, rel_tol=1e-9):
+        if like(got, expected):
+            if seen.get("rng_next") != oracle.next_draw(seed, 1):
+                used = "more than once" if seen.get("rng_next") != oracle.next_draw(seed, 0) else "not at all"
+                return Miss(f"returned {show(got)}, but drew from rng {used}", "Draw exactly once, with rng.random() "
+                            "or rng.uniform(): the same seed must give the same waits.", clause="5.seeded-rng")
+            return None
+        if uncapped > cap and (got > cap * (1 + 1e-12) or like(got, draw * uncapped)):
+            return Miss(f"returned {got!r}, a draw below base * 2 ** (attempt - 1) = {uncapped:g}, past cap {cap!r}",
+                        "The ceiling is `min(cap, base * 2 ** (attempt - 1))`: without the cap, waits grow without "
+                        "bound.", clause="5.cap")
+        if like(got, ceiling):
             return Miss(f"returned {got!r}, the ceiling itself", "Full jitter draws the wait: `rng.uniform(0, "
                                                                  "ceiling)`. Without jitter every failed row comes "
                                                                  "back at the same moment.", clause="5.full-jitter")
-        if math.isclose(got, ceiling / 2 + draw * ceiling / 2, rel_tol=1e-9) and draw < 1:
+        if like(got, ceiling / 2 + draw * ceiling / 2):
             return Miss(f"returned {got!r}: half the ceiling {ceiling:g} plus a random half",
                         "That is equal jitter. Full jitter draws from the whole range: `rng.uniform(0, ceiling)`.",
                         clause="5.full-jitter")
-        if seen.get("rng_next") != oracle.next_draw(seed, 1):
-            return Miss(f"returned {show(got)}, but drew from rng {'more than once' if seen.get('rng_next') != oracle.next_draw(seed, 0) else 'not at all'}",
-                        "Draw exactly once, with rng.random() or rng.uniform(): the same seed must give the same "
-                        "waits.", clause="5.seeded-rng")
-        if not math.isclose(got, expected, rel_tol=1e-9, abs_tol=1e-12):
-            ratio = got / expected if expected else math.inf
-            hint = ("The ceiling for attempt k is base * 2 ** (k - 1): attempt 1 waits up to base." if
-                    math.isclose(ratio, 2, rel_tol=1e-9) or math.isclose(ratio, 0.5, rel_tol=1e-9) else
-                    "The ceiling is min(cap, base * 2 ** (attempt - 1)), computed exactly; then one "
-                    "rng.uniform(0, ceiling).")
-            return Miss(f"returned {got!r}; Random({seed}) gives {expected!r} for a ceiling of {ceiling:g}", hint,
+        if like(got, draw * doubled):
+            return Miss(f"returned {got!r}: a draw below {doubled:g}, the ceiling of attempt {attempt + 1}",
+                        "The ceiling for attempt k is base * 2 ** (k - 1): attempt 1 waits up to base.",
                         clause="5.full-jitter")
-        return None
+        return Miss(f"returned {got!r}; Random({seed}) gives {expected!r} for a ceiling of {ceiling:g}",
+                    "The ceiling is min(cap, base * 2 ** (attempt - 1)), computed exactly; then one "
+                    "rng.uniform(0, ceiling) from the rng passed in.", clause="5.full-jitter")
 
     return check
 
