@@ -1,18 +1,21 @@
-"""Benchmark `python -m labkit grade` against plain execution and against nbgrader.
+"""Benchmark `python -m labkit grade` against itself unsandboxed, plain execution and nbgrader.
 
     python benchmarks/grading.py [--n 20] [--jobs 2] [--nbgrader-python PATH] [--skip-nbgrader]
 
 Builds N submissions of the released lab from the corpus generator (the reference, partial
 solutions and untouched copies, in turn), then times:
 
-1. `python -m labkit grade SUBS --out DIR --jobs J` (restore, execute, judge, feedback, gradebook);
-2. plain `jupyter nbconvert --execute` of the same notebooks, split over J processes
+1. `python -m labkit grade SUBS --out DIR --jobs J` (restore, execute, judge, feedback,
+   gradebook), with the sandbox (every child and kernel in bubblewrap, each judge in a box);
+2. the same with `--no-sandbox` (where the machine can sandbox; skipped otherwise);
+3. plain `jupyter nbconvert --execute` of the same notebooks, split over J processes
    (each check cell then runs the judge inside the kernel, as for a student);
-3. `nbgrader autograde` of the same notebooks, where nbgrader is installed (it grades one
+4. `nbgrader autograde` of the same notebooks, where nbgrader is installed (it grades one
    notebook at a time).
 
-Prints submissions per minute and the ratios. Targets: grade ≤ 1.3× plain execution, and faster
-than nbgrader.
+Prints submissions per minute and the ratios, all measured in this one run. Targets: the
+sandbox costs at most 15 % of throughput (sandboxed / unsandboxed <= 1.15), grade <= 1.3x
+plain execution, and grade at least 2.5x faster than nbgrader (grade / nbgrader <= 0.4).
 """
 
 from __future__ import annotations
@@ -114,9 +117,17 @@ def main(argv: list[str] | None = None) -> int:
         paths = build(tmp / "subs", args.n)
         env = env_for(tmp)
         print(f"{args.n} submissions, {args.jobs} jobs, {len(os.sched_getaffinity(0))} cores", flush=True)
-        grade = timed("labkit grade", [[sys.executable, "-m", "labkit", "grade", str(tmp / "subs"), "--out",
-                                        str(tmp / "out"), "--jobs", str(args.jobs), "--seed", str(args.seed)]],
-                      env, tmp)
+        grade_cmd = [sys.executable, "-m", "labkit", "grade", str(tmp / "subs"), "--jobs", str(args.jobs),
+                     "--seed", str(args.seed)]
+        from labkit import sandbox
+
+        sandboxed = sandbox.support().ok
+        grade = timed("labkit grade" + (" (sandboxed)" if sandboxed else " (no sandbox here)"),
+                      [[*grade_cmd, "--out", str(tmp / "out"), *([] if sandboxed else ["--no-sandbox"])]], env, tmp)
+        bare = None
+        if sandboxed:
+            bare = timed("labkit grade --no-sandbox", [[*grade_cmd, "--out", str(tmp / "out-bare"), "--no-sandbox"]],
+                         env, tmp)
         chunks = [paths[i::args.jobs] for i in range(args.jobs)]
         plain = timed(f"jupyter nbconvert --execute ({args.jobs} processes)",
                       [[sys.executable, "-m", "jupyter", "nbconvert", "--execute", "--to", "notebook",
@@ -131,11 +142,14 @@ def main(argv: list[str] | None = None) -> int:
             print("nbgrader: not installed (pass --nbgrader-python), skipped")
         print()
         print(f"labkit grade:        {args.n / grade * 60:6.1f} submissions/minute")
+        if bare is not None:
+            print(f"  --no-sandbox:      {args.n / bare * 60:6.1f} submissions/minute")
+            print(f"sandbox cost:        {grade / bare:6.2f}x   (target <= 1.15x)")
         print(f"plain execution:     {args.n / plain * 60:6.1f} submissions/minute")
         print(f"grade / plain:       {grade / plain:6.2f}x   (target <= 1.3x)")
         if nbgrader is not None:
             print(f"nbgrader autograde:  {args.n / nbgrader * 60:6.1f} submissions/minute")
-            print(f"grade / nbgrader:    {grade / nbgrader:6.2f}x   (target < 1x)")
+            print(f"grade / nbgrader:    {grade / nbgrader:6.2f}x   (target <= 0.4x: 2.5x faster)")
     return 0
 
 

@@ -1,6 +1,8 @@
 """Lab `outbox` — the quiz after the final check: what the crash test proved, and what it did not.
 
 Each option explains itself once the student answers. Answers go to `work/quiz-outbox.json`.
+The wrong options are misconceptions students really hold; options have comparable lengths and
+the right one sits in a different place in each question (tests/test_quiz_data.py checks both).
 """
 
 QUIZ = [
@@ -8,22 +10,22 @@ QUIZ = [
         "id": "power-loss",
         "question": "The final check passed. Does that prove no order is lost if the machine loses power?",
         "options": [
-            {"text": "Yes: the publisher was killed at the worst moment and nothing was lost.",
+            {"text": "Yes: the publisher was killed at the very worst moment, and nothing was lost or doubled.",
              "correct": False,
              "why": "The check killed a process. The operating system, its file cache and the disk kept "
                     "running, so every committed write still reached the file. A power cut can lose "
                     "writes the OS had not flushed; that fault was never injected."},
-            {"text": "No: a process kill is not a power loss. Power cuts, a failing disk or restoring a "
-                     "backup are different faults that this test never injected.",
-             "correct": True,
-             "why": "Right. The evidence reaches as far as the fault that was really injected: a process "
-                    "dying with os._exit. Each other fault needs its own test."},
-            {"text": "Yes: SQLite commits are atomic, so a power cut cannot hurt.",
+            {"text": "Yes: SQLite commits are atomic, so a write either happened or not, power or no power.",
              "correct": False,
              "why": "Atomic and durable are different promises. Whether a commit survives a power cut "
                     "depends on fsync, SQLite's synchronous setting and a disk that does not lie about "
                     "its cache. The lab showed atomicity against a process kill only."},
-            {"text": "Only for the warehouse: its inbox protects it, the publisher has no inbox.",
+            {"text": "No: a kill stops one process; a power cut can also lose writes the OS had not flushed.",
+             "correct": True,
+             "why": "Right. The evidence reaches as far as the fault that was really injected: a process "
+                    "dying with os._exit. Power loss, a failing disk or restoring a backup each need a "
+                    "test of their own."},
+            {"text": "Only for the warehouse: its inbox protects it, while the publisher has no inbox.",
              "correct": False,
              "why": "The inbox guards against applying a repeat, on either side of a power cut. It cannot "
                     "bring back a write the disk never stored, in the warehouse or in the outbox."},
@@ -32,71 +34,69 @@ QUIZ = [
     {
         "id": "mark-after-send",
         "question": "Why does dispatch mark a row sent only after a verified ACK, knowing that a crash "
-                    "can then make it send the same event twice?",
+                    "can then make it send the same order twice?",
         "options": [
-            {"text": "Because a crash between marking and sending would lose the event forever, while a "
-                     "repeat can be recognised by the receiver.",
+            {"text": "Mark first and die before the send, and the order is lost; a repeat can be caught.",
              "correct": True,
              "why": "Right. Mark first, die before the send: the row says sent, nothing was delivered, and "
                     "no later run will ever try again. A duplicate is visible and harmless once the "
                     "warehouse checks its inbox; a loss is silent."},
-            {"text": "Because the ACK guarantees the event is sent exactly once.",
+            {"text": "The ACK makes delivery exactly-once, so marking after it can never cause a repeat.",
              "correct": False,
              "why": "No order of send and mark gives exactly-once delivery. You watched it: publisher #1 "
-                    "got its ACK and died before the mark, so the event was delivered twice."},
-            {"text": "Because it is faster: one transaction instead of two.",
+                    "got its ACK and died before the mark, so the order was delivered twice."},
+            {"text": "It is faster: marking after the ACK takes one transaction, marking first takes two.",
              "correct": False,
-             "why": "Speed has nothing to do with it; mark_sent is its own transaction either way. The "
-                    "order decides which failure you get: a loss or a duplicate."},
-            {"text": "Because SQLite cannot update a row while an HTTP request is open.",
+             "why": "mark_sent is one transaction either way, and speed is not the point. The order of send "
+                    "and mark decides which failure a crash causes: a loss or a duplicate."},
+            {"text": "SQLite cannot change a row while the HTTP request for that row is still open.",
              "correct": False,
-             "why": "It can. dispatch finishes its read before sending so that another connection can "
-                    "write meanwhile; that is about locks, not about the order of send and mark."},
+             "why": "It can. dispatch finishes its read before sending so that other connections may write "
+                    "meanwhile; that is about locks, not about the order of send and mark."},
         ],
     },
     {
         "id": "inbox",
         "question": "What exactly does the warehouse's inbox protect against?",
         "options": [
-            {"text": "Losing an event the publisher never managed to send.",
+            {"text": "Losing an order the publisher never managed to send because it crashed first.",
              "correct": False,
-             "why": "The inbox only sees what arrives. An event that was never sent is still pending in "
-                    "the outbox, and the next dispatch sends it: that is the outbox's job."},
-            {"text": "Applying the same event twice when its ID is delivered again, after a crash or a "
-                     "lost response.",
+             "why": "The inbox only sees what arrives. An order that was never sent is still pending in the "
+                    "outbox, and the next dispatch sends it: that is the outbox's job."},
+            {"text": "Orders applied in the wrong order when a retry overtakes a later order on the way there.",
+             "correct": False,
+             "why": "The inbox recognises IDs; it does not reorder anything. Order comes from the outbox's "
+                    "seq and from dispatch stopping at the first failure."},
+            {"text": "A slow or unreachable warehouse, by holding orders until it can apply them again.",
+             "correct": False,
+             "why": "When the warehouse is down, nothing reaches the inbox at all. The row stays pending "
+                    "and the publisher's error says so; retrying is the publisher's concern."},
+            {"text": "Applying an order twice when its ID comes again, after a crash or a lost response.",
              "correct": True,
              "why": "Right. The inbox records each applied ID in the same transaction as the stock change, "
                     "so a repeat with the identical body is answered with an ACK and changes nothing: "
                     "delivered twice, applied once."},
-            {"text": "Events arriving in the wrong order.",
-             "correct": False,
-             "why": "The inbox recognises IDs; it does not reorder anything. Order comes from the outbox's "
-                    "seq and from dispatch stopping at the first failure."},
-            {"text": "A slow or unreachable warehouse.",
-             "correct": False,
-             "why": "When the warehouse is down, nothing reaches the inbox at all. The row stays pending "
-                    "and the publisher's error says so; retries are the publisher's concern."},
         ],
     },
     {
         "id": "poison-event",
-        "question": "One event at the head of the outbox is malformed for good, and every dispatch stops "
+        "question": "One order at the head of the outbox is malformed for good, and every dispatch stops "
                     "at it. What does it need?",
         "options": [
-            {"text": "Nothing special: retry it forever, it will go through eventually.",
+            {"text": "Retries, forever if need be: a failure that keeps repeating clears up eventually.",
              "correct": False,
-             "why": "A permanent failure never clears. Every event behind it waits, and the age of the "
+             "why": "A permanent failure never clears. Every order behind it waits, and the age of the "
                     "oldest pending row grows without bound. Retrying only hides the problem."},
-            {"text": "Skip it silently and carry on with the events behind it.",
-             "correct": False,
-             "why": "Silently skipping changes the delivery order this business relies on, and nobody "
-                    "learns that an order is stuck. That is a loss with extra steps."},
-            {"text": "An alert (on the oldest pending row's age), then quarantine it, fix it and re-drive "
-                     "it — knowing that quarantine is not success.",
+            {"text": "An alert on the oldest pending row's age; then quarantine it, fix it and re-drive it.",
              "correct": True,
              "why": "Right. A human has to look at it. Moving it aside unblocks the rest, but the order "
-                    "still has to reach the warehouse, and moving it changes the order of delivery."},
-            {"text": "Mark it sent, so the rest can flow.",
+                    "still has to reach the warehouse, and moving it changes the order of delivery: "
+                    "quarantine is not success."},
+            {"text": "Skip it and carry on with the orders behind it, so that the rest of the outbox can flow.",
+             "correct": False,
+             "why": "Skipping changes the delivery order this business relies on, and nobody learns that an "
+                    "order is stuck. Without an alert, that is a loss with extra steps."},
+            {"text": "Mark it sent so the rest can flow; the intake can enter the order again later on.",
              "correct": False,
              "why": "That writes the last rung of the ladder without the rung below it: no ACK ever came. "
                     "The outbox would now lie, and the order is lost."},
@@ -106,23 +106,22 @@ QUIZ = [
         "id": "twice-once",
         "question": "What does \"delivered twice, applied once\" say about the run you just watched?",
         "options": [
-            {"text": "The event crossed the network exactly once.",
+            {"text": "The order crossed the network once; the second POST was only a retry inside HTTP itself.",
              "correct": False,
-             "why": "The warehouse's log shows two POSTs for snack-7: the first applied, the second "
-                    "recognised as a duplicate. Delivery was at least once."},
-            {"text": "The warehouse received snack-7 twice and its stock changed once: the effect is "
-                     "idempotent, the delivery is not.",
+             "why": "The warehouse's log shows two separate POSTs for snack-7, from two processes: the "
+                    "first applied, the second recognised as a duplicate. Delivery was at least once."},
+            {"text": "It would hold with several publishers running at once, as they share one inbox.",
+             "correct": False,
+             "why": "The lab runs one dispatcher at a time, with no claims, leases or fencing. Two "
+                    "publishers at once were never tested; that needs its own protocol."},
+            {"text": "snack-7 reached the warehouse twice and its stock moved once: the effect was single.",
              "correct": True,
              "why": "Right. At-least-once delivery plus an idempotent receiver gives an effect that "
                     "happens once. That is all the phrase claims."},
-            {"text": "The publisher will keep up just as well over a slow internet link.",
+            {"text": "It holds over any network: loopback behaves like the internet, only faster.",
              "correct": False,
-             "why": "Loopback HTTP answers in a fraction of a millisecond. Latency, packet loss and "
-                    "throughput over the internet were never measured."},
-            {"text": "It holds just as well with several publishers running at once.",
-             "correct": False,
-             "why": "The lab runs one dispatcher at a time, with no claims, leases or fencing. Two "
-                    "concurrent publishers were never tested."},
+             "why": "Loopback never loses, reorders or delays a packet for long. Latency, loss and "
+                    "throughput over the internet were never measured here."},
         ],
     },
 ]

@@ -36,12 +36,21 @@ def parser() -> argparse.ArgumentParser:
     grade.add_argument("--jobs", type=int)
     grade.add_argument("--seed", type=int, help="seed for the hidden cases (recorded in the gradebook)")
     grade.add_argument("--force", action="store_true", help="regrade submissions already graded")
+    grade.add_argument("--no-sandbox", action="store_true",
+                       help="grade without the sandbox (where none is possible); the gradebook says so")
+    start = sub.add_parser("start", allow_abbrev=False, help="open JupyterLab on your own workspace (made on the first start, "
+                           "updated from the course on later ones); other arguments go to JupyterLab")
+    start.add_argument("--workspace", type=Path, help="where your notebooks live (default: workspace/ in the clone)")
+    start.add_argument("--prepare-only", action="store_true", help="create or update the workspace, do not start")
+    release = sub.add_parser("release", help="write the student distribution: no solutions, no lesson sources")
+    release.add_argument("out", type=Path, help="a new folder")
     return top
 
 
 def run_check(args: argparse.Namespace) -> int:
     from labkit.judge.run import run_lab
     from labkit.views.render_text import render_lab
+    from labkit.views.standing import MODULE
 
     try:
         lab = labs.load(args.lab)
@@ -56,7 +65,7 @@ def run_check(args: argparse.Namespace) -> int:
         except KeyError:
             raise UsageError(f"lab {args.lab} has no step {step!r}") from None
     verdict = run_lab(lab, args.solution.resolve(), steps, args.seed)
-    text = json.dumps(verdict.to_json(), ensure_ascii=False) if args.json else render_lab(verdict)
+    text = json.dumps(verdict.to_json(), ensure_ascii=False) if args.json else render_lab(verdict, MODULE)
     try:
         print(text, flush=True)
     except BrokenPipeError:  # `... | head`: the reader left; the verdict still decides the exit code
@@ -68,12 +77,48 @@ def run_grade(args: argparse.Namespace) -> int:
     from labkit.grading.batch import BatchUsageError, run
 
     try:
-        return run(list(args.paths), args.out, args.jobs, args.seed, args.force)
+        return run(list(args.paths), args.out, args.jobs, args.seed, args.force, no_sandbox=args.no_sandbox)
     except BatchUsageError as exc:
         raise UsageError(str(exc)) from None
     except KeyboardInterrupt:
         print("interrupted: finished grades are kept; run the same command again to continue")
         return 130
+
+
+def run_start(args: argparse.Namespace, extra: list[str]) -> int:
+    import os
+
+    from labkit.notebook import workspace
+
+    folder = (args.workspace or workspace.default_workspace()).resolve()
+    first = not folder.exists()
+    try:
+        changes = workspace.sync(folder)
+    except FileNotFoundError as exc:
+        raise UsageError(str(exc)) from None
+    print(f"Your workspace: {folder}")
+    for change in changes:
+        print(f"  {change.describe()}")
+    if args.prepare_only:
+        return 0
+    command = workspace.jupyter_command(folder, first, extra)
+    print("Starting JupyterLab (stop it with Ctrl-C) …", flush=True)
+    os.execv(command[0], command)  # JupyterLab takes over this process: Ctrl-C and kill reach it
+    return 1  # not reached
+
+
+def run_release(args: argparse.Namespace) -> int:
+    from labkit.notebook.release import release
+
+    try:
+        written = release(args.out.resolve())
+    except (FileExistsError, FileNotFoundError) as exc:
+        raise UsageError(str(exc)) from None
+    except RuntimeError as exc:
+        print(f"python -m labkit release: {exc}", file=sys.stderr)
+        return 1
+    print(f"wrote {len(written)} files and the student notebooks to {args.out}: no solutions, no lesson sources")
+    return 0
 
 
 def _exit_on_sigterm(signum, frame):
@@ -83,10 +128,16 @@ def _exit_on_sigterm(signum, frame):
 
 def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    args = parser().parse_args(argv)
+    args, extra = parser().parse_known_args(argv)
+    if extra and args.command != "start":
+        parser().parse_args(argv)  # the usual "unrecognized arguments" error, exit 2
     try:
         if args.command == "check":
             return run_check(args)
+        if args.command == "start":
+            return run_start(args, extra)
+        if args.command == "release":
+            return run_release(args)
         return run_grade(args)
     except UsageError as exc:
         print(f"python -m labkit: error: {exc}", file=sys.stderr)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -207,6 +208,18 @@ def test_a_message_the_server_sent_points_back_to_the_process():
     assert f'<line x1="{feed_x}"' in svg  # the arrow starts on the feed's lane
 
 
+def test_a_resume_is_labelled_along_its_arrow_from_the_client_to_the_feed():
+    resume = [VENDING_TIMELINE[0], {"t": 10.05, "actor": "feed", "kind": "resume", "text": "[client #1] ← RESUME 2"},
+              {"t": 10.30, "actor": "client #1", "kind": "exit", "text": "exit code 0"}]
+    svg = timeline_svg.render(resume)
+    labels = [el.text for el in ET.fromstring(svg).iter() if el.tag.endswith("text")]
+    assert "RESUME 2" in labels and not any("←" in (t or "") or "→" in (t or "") for t in labels)
+    client_x, feed_x = (timeline_svg.LEFT + timeline_svg.LANE_WIDTH * k for k in (0.5, 1.5))
+    assert f'<line x1="{client_x}" y1="{timeline_svg.TOP + 20 + timeline_svg.ROW}" x2="{feed_x - 8}"' in svg
+    # Where the journal line names another process than the arrow's, the line is kept whole.
+    assert timeline_svg.message_label("[client #2] ← ACK 1", "client #1") == "[client #2] ← ACK 1"
+
+
 # --- hints, static HTML ------------------------------------------------------------------
 
 
@@ -228,15 +241,71 @@ def test_static_html_opens_the_first_failing_case_and_hides_the_specific_hint():
         Case("second", Outcome.WRONG, "pending(con, 2)", "[a]", "[b]", "Unsent rows only."),
     ])
     html = render_html.render_step(step)
-    assert html.count("<details class=\"lk-case\" open>") == 1
-    assert html.index("first") < html.index(" open>") + 200
+    # Every failing case is a <details>; only the first failing one is open.
+    rows = re.findall(r'<details class="lk-case"( open)?><summary><span class="lk-bad">✗</span> (\w+)</summary>', html)
+    assert rows == [(" open", "first"), ("", "second")]
     assert '<details class="lk-more"><summary>more help</summary><div>Use `ORDER BY seq`' in html
+
+
+def test_the_live_panel_opens_the_first_failing_case_only():
+    from labkit.views import widgets
+
+    step = StepVerdict(4, "pending", 1, [
+        Case("ok", Outcome.PASSED), Case("first", Outcome.WRONG, "pending(con, 16)", hint="Order by seq."),
+        Case("second", Outcome.WRONG, "pending(con, 2)", hint="Unsent rows only.")])
+    rows = [w for w in widgets.verdict_panel(step).children if "lk-case-row" in w._dom_classes]
+    shown = [(row.children[0].description.split()[-1], row.children[1].layout.display != "none") for row in rows]
+    assert shown == [("first", True), ("second", False)]
 
 
 def test_not_implemented_is_calm_not_red():
     step = StepVerdict(1, "validate_event", 1, [Case("a", Outcome.NOT_IMPLEMENTED, hint="Replace it.")])
     html = render_html.render_step(step, with_style=False)
     assert "not implemented yet" in html and '"lk-bad"' not in html and "#c62828" not in html and 'class="lk-step not_implemented"' in html
+
+
+MISSING_ACCEPT = StepVerdict(3, "accept", 1, [
+    Case(f"case {i}", Outcome.MISSING, f"accept(con, {{'id': 'x{i}'}})", "True", "the function is not defined in your module")
+    for i in range(24)])
+
+
+def _red(html: str) -> bool:
+    html = re.sub(r"<style>.*?</style>", "", html, flags=re.S)  # the shared CSS names every colour
+    return '"lk-bad"' in html or "#c62828" in html or 'class="lk-step failed"' in html or "badge failed" in html
+
+
+def test_a_check_before_its_step_cell_is_grey_with_the_cell_to_run_everywhere():
+    from labkit.notebook import progress as progress_mod
+    from labkit.views import render_text, widgets
+
+    saved = {"header": "import json\n", "1": "def validate_event(e): ..."}
+    html = render_html.render_step(MISSING_ACCEPT, saved=saved)
+    assert not _red(html) and "Run the <code>%%step 3</code> cell above first" in html
+    assert "case 0" not in html  # not 24 rows of "not defined"
+    text = render_text.render_step(MISSING_ACCEPT, saved=saved)
+    assert "FAILED" not in text and "✗" not in text and "next: Run the `%%step 3` cell above" in text
+    panel = widgets.verdict_panel(MISSING_ACCEPT, 7, saved)
+    assert "not_implemented" in panel._dom_classes and "failed" not in panel._dom_classes
+    state = progress_mod.load(Path("/nonexistent"), "outbox")
+    state.record(LabVerdict("outbox", 7, [MISSING_ACCEPT]), saved)
+    assert "3·" in state.text() and "✗" not in state.text() and "#c62828" not in state.marks_html()
+    assert "Next: step 1 (validate_event)" in state.next_action()
+
+
+def test_a_missing_function_is_grey_on_the_feedback_page_and_in_the_terminal():
+    from labkit.views import render_text
+    from labkit.views.standing import MODULE
+
+    page = render_html.render_lab(LabVerdict("outbox", 7, [MISSING_ACCEPT]))
+    assert not _red(page) and "Your module has no <code>accept</code> yet" in page and "%%step 3" in page
+    cli = render_text.render_lab(LabVerdict("outbox", 7, [MISSING_ACCEPT]), MODULE)
+    assert "FAILED" not in cli and "Your module has no `accept` yet: write it (step 3 of the contract)" in cli
+    wrong = StepVerdict(3, "accept", 1, [MISSING_ACCEPT.cases[0], Case("x", Outcome.WRONG, "accept(con, e)", "True", "False")])
+    assert _red(render_html.render_step(wrong)) and "FAILED" in render_text.render_step(wrong)
+
+
+def test_small_times_are_not_printed_as_zero_seconds():
+    assert render_html.seconds_text(0.04) == "40 ms" and render_html.seconds_text(2.345) == "2.3 s"
 
 
 def test_a_final_verdict_ends_with_its_faults_after_timeline_and_ladder():
@@ -354,7 +423,9 @@ def test_the_start_here_notebook_runs_its_warm_up(tmp_path):
     assert "not implemented yet" in texts(nb=skeleton, cell_id="start-here-check-1")
     scratch = next(c for c in skeleton.cells if c.cell_type == "code" and "normalize_sku(" in c.source
                    and "%%step" not in c.source)
-    assert any(o.get("ename") == "NotImplementedError" for o in scratch.outputs)
+    # The scratch cell says calmly that the function is still the skeleton: no red on Run All.
+    assert not [o for o in scratch.outputs if o.output_type == "error"]
+    assert "still the skeleton" in "".join(o.get("text", "") for o in scratch.outputs)
 
 
 if __name__ == "__main__":

@@ -21,8 +21,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from labkit import labs
-from labkit.grading import gradebook, record, sandbox, submissions
+from labkit import labs, sandbox
+from labkit.grading import gradebook, record, submissions
 from labkit.grading.settings import (
     CRASHED,
     EXECUTED,
@@ -47,7 +47,8 @@ class Batch:
     jobs: int
     force: bool
     limits: Limits = field(default_factory=Limits.from_env)
-    private_fs: bool = False  # kernels see a read-only filesystem but for their own dir
+    sandboxed: bool = True  # False only with --no-sandbox
+    sandbox_label: str = ""  # what the gradebook says about it
 
 
 def _lock(out: Path):
@@ -74,7 +75,7 @@ def clean_stale(out: Path) -> int:
         except (OSError, ValueError, KeyError):
             marker = None
         if marker:
-            killed += reaper.kill_marked(marker, 3.0, JOB_MARKER) + reaper.kill_marked(marker)
+            killed += _sweep(marker)
         path.unlink(missing_ok=True)
     for partial in folder.glob("*.verdict") if folder.is_dir() else []:
         partial.unlink(missing_ok=True)
@@ -109,7 +110,7 @@ def make_job(sub: submissions.Submission, batch: Batch, known: dict) -> dict:
     return {"student": sub.student, "path": str(sub.path), "notebook": _shown(sub.path),
             "sha256": sub.sha256, "lab": sub.lab, "flags": list(sub.flags), "key": sub.key,
             "release": str(release.path) if release else None, "seed": batch.seed,
-            "out": str(batch.out), "problem": sub.problem, "private_fs": batch.private_fs}
+            "out": str(batch.out), "problem": sub.problem, "sandbox": batch.sandbox_label}
 
 
 def already_graded(job: dict, batch: Batch, explicit_seed: int | None) -> bool:
@@ -143,9 +144,11 @@ def _worker_entry(job: dict, log: str) -> None:
     worker.entry(job, log)
 
 
-def start_worker(ctx, job: dict, batch: Batch) -> Running:
+def start_worker(ctx, job: dict, batch: Batch, slot: int) -> Running:
     out, key = batch.out, job["key"]
-    job = {**job, "marker": reaper.new_marker()}
+    # Each concurrent job's student code runs as a uid of its own (`None`: no sandbox).
+    uid = sandbox.uid() + 1 + slot if batch.sandboxed else None
+    job = {**job, "marker": reaper.new_marker(), "uid": uid, "slot": slot}
     gradebook.write_atomic(_running_file(out, key), json.dumps({"marker": job["marker"], "key": key}))
     log = gradebook.results_dir(out) / f"{key}.log"
     proc = ctx.Process(target=_worker_entry, args=(job, str(log)), name=f"grade-{key}")
@@ -164,8 +167,7 @@ def collect(run: Running, batch: Batch) -> dict:
         limit = run.deadline - run.started
         message = f"Grading this notebook took over {limit:g} s and was stopped."
     run.proc.join()
-    reaper.kill_marked(job["marker"], 3.0, JOB_MARKER)
-    reaper.kill_marked(job["marker"])
+    _sweep(job["marker"])
     shutil.rmtree(out / WORK / job["key"], ignore_errors=True)
     result = gradebook.read_result(gradebook.result_path(out, job["key"]))
     if result is not None and result.get("marker") == job["marker"]:
@@ -187,8 +189,12 @@ def stop_all(active: list[Running]) -> None:
             run.proc.kill()
     for run in active:
         run.proc.join()
-        reaper.kill_marked(run.job["marker"], 3.0, JOB_MARKER)
-        reaper.kill_marked(run.job["marker"])
+        _sweep(run.job["marker"])
+
+
+def _sweep(marker: str) -> int:
+    """Kill whatever a job left (its sandboxes die with their bwrap; this is the backstop)."""
+    return reaper.kill_marked(marker, 3.0, JOB_MARKER) + reaper.kill_marked(marker)
 
 
 class Progress:
@@ -220,27 +226,50 @@ class Progress:
             self.bar.close()
 
 
-def run(paths: list[Path], out: Path, jobs: int | None, seed: int | None, force: bool) -> int:
+NO_SANDBOX_HELP = (
+    "grade refuses to run student code without a sandbox: {reason}. Without it every submission "
+    "runs as this user, can read the reference solutions and the other submissions, write the "
+    "gradebook and signal the grader. Install bubblewrap and run as root (see docs/grading.md), "
+    "or pass --no-sandbox to grade anyway; every row then says sandbox = none.")
+
+
+def sandbox_choice(no_sandbox: bool) -> tuple[bool, str]:
+    """(sandboxed?, what the gradebook says); raises BatchUsageError when there is none."""
+    if no_sandbox:
+        return False, "none (--no-sandbox)"
+    if sandbox.mode() == "off":
+        raise BatchUsageError(NO_SANDBOX_HELP.format(reason=f"{sandbox.MODE_ENV}=off is set"))
+    found = sandbox.support()
+    if not found.ok:
+        raise BatchUsageError(NO_SANDBOX_HELP.format(reason=found.reason))
+    return True, found.describe
+
+
+def run(paths: list[Path], out: Path, jobs: int | None, seed: int | None, force: bool,
+        no_sandbox: bool = False) -> int:
     if jobs is not None and jobs < 1:
         raise BatchUsageError("--jobs must be at least 1")
     out = out.resolve()
     if out.exists() and not out.is_dir():
         raise BatchUsageError(f"--out {out} is a file, not a folder")
     try:
-        found = submissions.find(paths, exclude=out)
+        found, skipped = submissions.find(paths, exclude=out)
     except FileNotFoundError as exc:
         raise BatchUsageError(f"no such file or folder: {exc.args[0]}") from None
-    if not found:
+    if not found and not skipped:
         raise BatchUsageError("no notebooks (*.ipynb) found in " + ", ".join(map(str, paths)))
+    sandboxed, label = sandbox_choice(no_sandbox)
     out.mkdir(parents=True, exist_ok=True)
     lock = _lock(out)
     try:
-        return _run_locked(found, out, jobs or len(os.sched_getaffinity(0)) or 1, seed, force)
+        return _run_locked(found, skipped, out, jobs or len(os.sched_getaffinity(0)) or 1, seed, force,
+                           sandboxed, label)
     finally:
         lock.close()
 
 
-def _run_locked(found, out: Path, jobs: int, seed: int | None, force: bool) -> int:
+def _run_locked(found, skipped, out: Path, jobs: int, seed: int | None, force: bool, sandboxed: bool,
+                label: str) -> int:
     started = time.monotonic()
     reaper.become_subreaper()
     clean_stale(out)
@@ -249,23 +278,25 @@ def _run_locked(found, out: Path, jobs: int, seed: int | None, force: bool) -> i
     for sub in found:
         submissions.examine(sub, known, lab_names)
     chosen = submissions.one_per_lab(found, known)
-    batch = Batch(out, batch_seed(out, seed), jobs, force)
-    batch.private_fs = os.environ.get("LABKIT_GRADE_PRIVATE_FS", "1") != "0" and sandbox.private_fs_available()
+    batch = Batch(out, batch_seed(out, seed), jobs, force, sandboxed=sandboxed, sandbox_label=label)
+    record.skipped_rows(out, skipped, label)
     all_jobs = [make_job(sub, batch, known) for sub in chosen]
     todo = [job for job in all_jobs if not already_graded(job, batch, seed)]
-    skipped = len(all_jobs) - len(todo)
+    done = len(all_jobs) - len(todo)
     todo.sort(key=lambda j: (j["lab"] is not None, j["key"]))  # malformed files take no time
-    print(f"grading {len(todo)} notebook(s) with {jobs} job(s), seed {batch.seed}"
-          + (f"; {skipped} already graded (--force regrades)" if skipped else ""), flush=True)
+    print(f"grading {len(todo)} notebook(s) with {jobs} job(s), seed {batch.seed}, sandbox: {label}"
+          + (f"; {done} already graded (--force regrades)" if done else "")
+          + (f"; {len(skipped)} path(s) skipped (listed in the gradebook)" if skipped else ""), flush=True)
     progress = Progress(len(todo))
     queue, active = list(todo), []
+    free = list(range(batch.jobs))  # slots: each running job's uid is its slot's
     ctx = _context() if any(job["lab"] for job in todo) else None
     try:
         while queue or active:
             while queue and len(active) < batch.jobs:
                 job = queue.pop(0)
                 if job["lab"]:
-                    active.append(start_worker(ctx, job, batch))
+                    active.append(start_worker(ctx, job, batch, free.pop(0)))
                 else:
                     progress.update(record.malformed({**job, "marker": None}, job["problem"])["row"])
             if not active:
@@ -276,6 +307,7 @@ def _run_locked(found, out: Path, jobs: int, seed: int | None, force: bool) -> i
                 if run.proc.exitcode is not None or time.monotonic() > run.deadline:
                     active.remove(run)
                     progress.update(collect(run, batch)["row"])
+                    free.append(run.job["slot"])
     except BaseException:
         stop_all(active)
         gradebook.write_gradebook(out)

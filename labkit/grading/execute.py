@@ -1,4 +1,4 @@
-"""Run a restored notebook with nbclient, in its own dir, under the sandbox, bounded in time.
+"""Run a restored notebook with nbclient, its kernel in a sandbox (`kernel_box`), bounded in time.
 
 Errors in cells are the student's and are kept (`allow_errors`). A cell over its timeout is
 interrupted; if the interrupt does not end it, the kernel is killed. The whole run has a
@@ -12,18 +12,15 @@ from __future__ import annotations
 import json
 import threading
 import time
-import uuid
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import nbformat
-from jupyter_client import AsyncKernelManager
 from jupyter_client.utils import ensure_async
 from nbclient import NotebookClient
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
 from nbformat import NotebookNode
 
-from labkit.grading import sandbox
+from labkit.grading.kernel_box import KernelBox
 from labkit.grading.settings import CRASHED, OK, TIMEOUT, Limits
 
 SKIP_TAG = "skip-execution"
@@ -38,25 +35,11 @@ class Execution:
     timed_out_cells: list[int] = field(default_factory=list)
     died_at: int | None = None  # index of the cell that was running when the kernel died
     truncated_cells: list[int] = field(default_factory=list)
-    sandbox: str = "env"  # "private-fs": all but the kernel's dir was read-only
+    sandbox: str = "none"  # "bubblewrap": the kernel ran in its own sandbox
 
 
 # A kernel that fails to start before any cell ran gets this many tries in all.
 START_ATTEMPTS = 2
-
-
-def _manager_class(prefix: list[str], runtime: Path) -> type[AsyncKernelManager]:
-    class SandboxedKernelManager(AsyncKernelManager):
-        """Starts the kernel through the sandbox launcher; its connection file stays in `runtime`."""
-
-        def __init__(self, **kwargs):
-            super().__init__(**kwargs)
-            self.connection_file = str(runtime / f"kernel-{uuid.uuid4().hex}.json")
-
-        def format_kernel_cmd(self, extra_arguments=None):
-            return [*prefix, *super().format_kernel_cmd(extra_arguments)]
-
-    return SandboxedKernelManager
 
 
 def _size(content: dict, msg_type: str) -> int:
@@ -147,37 +130,36 @@ def untag(nb: NotebookNode, skip: set[str]) -> None:
                 cell.metadata.pop("tags", None)
 
 
-def execute(nb: NotebookNode, workdir: Path, limits: Limits, marker: str,
-            private_fs: bool = False) -> Execution:
-    """Execute `nb` in place with cwd `workdir`; never raises for anything the notebook does."""
-    result = Execution(sandbox="private-fs" if private_fs else "env")
+def execute(nb: NotebookNode, kernel: KernelBox, limits: Limits) -> Execution:
+    """Execute `nb` in place, its kernel in `kernel`'s sandbox; never raises for what the notebook does."""
+    result = Execution(sandbox="bubblewrap" if kernel.sandboxed else "none")
     started = time.monotonic()
-    env = sandbox.kernel_env(workdir, marker)
     out_of_time = threading.Event()
 
     def kill_kernel() -> None:
-        sandbox.sweep(marker)
+        kernel.kill()
 
     def on_deadline() -> None:
         out_of_time.set()
         kill_kernel()
 
     def new_client() -> GradingClient:
-        return GradingClient(
+        client = GradingClient(
             nb, limits, kill_kernel,
             timeout=max(1, int(limits.cell_timeout)),
             startup_timeout=60,
             allow_errors=True,
             interrupt_on_timeout=True,
             kernel_name="python3",
-            kernel_manager_class=_manager_class(sandbox.wrapper(limits, workdir if private_fs else None),
-                                                sandbox.kernel_dirs(workdir)["runtime"]),
-            resources={"metadata": {"path": str(workdir)}},
+            kernel_manager_class=kernel.manager_class(),
+            resources={"metadata": {"path": str(kernel.sockets)}},
             skip_cells_with_tag=SKIP_TAG,
             shutdown_kernel="immediate",
             iopub_timeout=4,
             record_timing=False,
         )
+        client.on_notebook_start = lambda **_: kernel.lock()  # ready, before any cell runs
+        return client
 
     watchdog = threading.Timer(limits.notebook_timeout, on_deadline)
     watchdog.daemon = True
@@ -186,7 +168,7 @@ def execute(nb: NotebookNode, workdir: Path, limits: Limits, marker: str,
         for attempt in range(1, START_ATTEMPTS + 1):
             client = new_client()
             try:
-                client.execute(env=env, cwd=str(workdir))
+                client.execute()
             except CellTimeoutError:
                 result.status = TIMEOUT
                 result.died_at = client.current_cell

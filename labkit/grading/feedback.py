@@ -2,8 +2,10 @@
 
 The check cells of the executed notebook show the grader's verdict for their step (the
 kernel never judged anything). The page is the verdict per step and case, then the executed
-notebook (nbconvert's basic template). Everything the student's code produced is sanitized
-first; only the course's own cells and verdicts keep their HTML.
+notebook (nbconvert's basic template). Every piece of the page that carries text the
+student's code could choose — the verdict (values, messages) and the whole notebook — goes
+through nh3 (Rust's ammonia) with an allow-list: no scripts, no styles, no event handlers, no
+`javascript:` or `data:` URLs. Only the page's own frame and stylesheet are written here.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from __future__ import annotations
 import copy
 from html import escape
 from typing import TYPE_CHECKING
+
+import nh3
 
 from labkit.grading.restore import check_step
 from labkit.judge.verdict import LabVerdict
@@ -39,6 +43,42 @@ body{font-family:system-ui,sans-serif;margin:1.5em auto;max-width:70em;padding:0
 .lk-notebook .jp-RenderedText[data-mime-type="application/vnd.jupyter.stderr"] pre{background:#fff5f5}
 </style>
 """
+
+
+# What the views (verdict panels, the SVG timeline) and nbconvert's basic template use.
+SVG_TAGS = {"svg", "g", "line", "rect", "circle", "polygon", "polyline", "path", "text", "tspan", "title"}
+SVG_ATTRIBUTES = {"x", "y", "x1", "y1", "x2", "y2", "cx", "cy", "r", "rx", "ry", "width", "height",
+                  "points", "d", "fill", "stroke", "stroke-width", "stroke-dasharray", "stroke-linecap",
+                  "stroke-linejoin", "opacity", "font-size", "font-family", "font-weight", "text-anchor",
+                  "paint-order", "dominant-baseline", "role", "viewBox", "viewbox", "xmlns", "transform"}
+ALLOWED_TAGS = set(nh3.ALLOWED_TAGS) | SVG_TAGS | {"details", "summary"}
+ALLOWED_ATTRIBUTES = {
+    "*": {"class", "title", "id", "style", "lang", "dir", "aria-label", "data-mime-type"},
+    "a": {"href"}, "img": {"src", "alt", "width", "height"}, "details": {"open"},
+    "td": {"colspan", "rowspan"}, "th": {"colspan", "rowspan"}, "ol": {"type", "start"},
+    **{tag: SVG_ATTRIBUTES for tag in SVG_TAGS},
+}
+# Inline styles keep only these properties (the views' layout and colours; nothing that loads).
+STYLE_PROPERTIES = {"color", "background", "background-color", "overflow-x", "white-space", "margin",
+                    "max-width", "height", "width", "font-size", "font-weight", "text-align"}
+
+
+IMAGE_DATA = ("data:image/png;", "data:image/jpeg;", "data:image/gif;")
+
+
+def _urls(tag: str, attribute: str, value: str) -> str | None:
+    """`data:` URLs only as an <img>'s picture (a notebook's plots); never as a link."""
+    if attribute in ("href", "src") and value.strip().lower().startswith("data:"):
+        return value if tag == "img" and attribute == "src" and value.lower().startswith(IMAGE_DATA) else None
+    return value
+
+
+def clean(html: str) -> str:
+    """HTML from (or carrying text from) student code, made inert: nh3 with the allow-list."""
+    return nh3.clean(html, tags=ALLOWED_TAGS, attributes=ALLOWED_ATTRIBUTES,
+                     url_schemes={"http", "https", "data"}, attribute_filter=_urls,
+                     filter_style_properties=STYLE_PROPERTIES, strip_comments=True,
+                     link_rel="noopener noreferrer nofollow")
 
 
 def verdict_outputs(verdict: LabVerdict | None, step: str) -> list[NotebookNode]:
@@ -150,9 +190,9 @@ def page(row: dict, verdict: LabVerdict | None, nb: NotebookNode | None, notes: 
              f"<title>{escape(title)}</title>", PAGE_STYLE, render_html.STYLE, "</head><body>",
              *summary]
     if verdict is not None:
-        parts.append(render_html.render_lab(verdict))
+        parts.append(clean(render_html.render_lab(verdict)))
     if nb is not None:
         parts += ['<div class="lk-notebook"><h2>Your notebook, as the grader ran it</h2>',
-                  notebook_html(nb), "</div>"]
+                  clean(notebook_html(nb)), "</div>"]
     parts.append("</body></html>")
     return "\n".join(parts)

@@ -19,7 +19,10 @@ from labkit.grading.settings import RESULTS
 
 VERSION = 1
 FIRST = ["student", "lab"]
-AFTER_STEPS = ["total", "max", "status", "flags", "seed", "seconds", "notebook", "message"]
+AFTER_STEPS = ["total", "max", "status", "flags", "seed", "seconds", "notebook", "message", "sandbox"]
+# OWASP's rule against CSV formula injection: a text cell starting with one of these is
+# prefixed with a quote, so a spreadsheet shows it as text instead of running it.
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 
 
 def _umask() -> int:
@@ -79,14 +82,18 @@ def column(step: str) -> str:
 
 def make_row(*, student: str, lab: str, notebook: str, steps: dict[str, int], max_points: int,
              status: str, flags: list[str], seed: int | None, seconds: float, message: str = "",
-             quiz: dict | None = None) -> dict:
+             quiz: dict | None = None, sandbox: str = "") -> dict:
     row = {"student": student, "lab": lab}
     row.update({column(step): points for step, points in steps.items()})
     row.update(total=sum(steps.values()), max=max_points, status=status, flags=list(flags), seed=seed,
-               seconds=round(seconds, 2), notebook=notebook, message=message)
+               seconds=round(seconds, 2), notebook=notebook, message=message, sandbox=sandbox)
     if quiz is not None:
         row["quiz"] = quiz
     return row
+
+
+def skipped_path(out: Path) -> Path:
+    return results_dir(out) / "skipped.list"
 
 
 def load_rows(out: Path) -> list[dict]:
@@ -96,6 +103,10 @@ def load_rows(out: Path) -> list[dict]:
         data = read_result(path)
         if data is not None:
             rows.append(data["row"])
+    try:
+        rows += [r for r in json.loads(skipped_path(out).read_text(encoding="utf-8")) if isinstance(r, dict)]
+    except (OSError, ValueError):
+        pass
     rows.sort(key=lambda r: (r["student"], r["lab"], r["notebook"]))
     return rows
 
@@ -133,13 +144,21 @@ def to_csv(rows: list[dict]) -> str:
     quiz = sorted({k for r in rows for k in _quiz_columns(r)})
     fields = FIRST + steps + AFTER_STEPS + quiz
     buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=fields, extrasaction="ignore", lineterminator="\n")
+    # RFC 4180 line ends: a CR or LF inside a cell (a student's name, a message) gets quoted too.
+    writer = csv.DictWriter(buffer, fieldnames=fields, extrasaction="ignore", lineterminator="\r\n")
     writer.writeheader()
     for row in rows:
         flat = {**row, **_quiz_columns(row), "flags": ";".join(row.get("flags", []))}
         flat["seed"] = "" if row.get("seed") is None else row["seed"]
-        writer.writerow(flat)
+        writer.writerow({key: defuse(value) for key, value in flat.items()})
     return buffer.getvalue()
+
+
+def defuse(value):
+    """A CSV cell that a spreadsheet will show as text, never evaluate (numbers stay numbers)."""
+    if isinstance(value, str) and value.startswith(FORMULA_START):
+        return "'" + value
+    return value
 
 
 def write_gradebook(out: Path) -> list[dict]:

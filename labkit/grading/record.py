@@ -13,8 +13,8 @@ from pathlib import Path
 
 from labkit import labs
 from labkit.grading import feedback, gradebook
-from labkit.grading.settings import FEEDBACK, MALFORMED
-from labkit.grading.submissions import slug
+from labkit.grading.settings import FEEDBACK, MALFORMED, SKIPPED
+from labkit.grading.submissions import Skipped, slug
 from labkit.judge.verdict import LabVerdict, from_json
 
 
@@ -42,7 +42,7 @@ def finish(job: dict, *, status: str, message: str, flags: list[str], verdict: L
     row = gradebook.make_row(student=job["student"], lab=lab, notebook=job["notebook"], steps=steps,
                              max_points=max_points, status=status, flags=flags,
                              seed=job.get("seed") if lab else None, seconds=seconds, message=message,
-                             quiz=quiz)
+                             quiz=quiz, sandbox=job.get("sandbox", ""))
     name = lab or slug(Path(job["path"]).stem)
     gradebook.write_atomic(page_path(out, job["student"], name),
                            feedback.page(row, verdict, nb, notes or []))
@@ -70,3 +70,14 @@ def fallback(job: dict, status: str, message: str, seconds: float) -> dict:
         message += " The judge had not finished either, so no step could be scored."
     return finish(job, status=status, message=message, flags=list(job.get("flags", [])),
                   verdict=verdict, seconds=seconds)
+
+
+def skipped_rows(out: Path, skipped: list[Skipped], sandbox: str) -> None:
+    """Every path found but not graded, with its reason: rows of the gradebook (rewritten each run)."""
+    from labkit.grading.batch import _shown
+
+    rows = [gradebook.make_row(student=item.student, lab="", notebook=_shown(item.path), steps={},
+                               max_points=0, status=SKIPPED, flags=[], seed=None, seconds=0.0,
+                               message=f"Not graded: {item.reason}.", sandbox=sandbox)
+            for item in skipped]
+    gradebook.write_atomic(gradebook.skipped_path(out), json.dumps(rows, ensure_ascii=False, indent=1))

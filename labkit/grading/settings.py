@@ -66,5 +66,8 @@ EXECUTED = "executed"
 # Every process started for one submission carries this variable (the judge's children too, which
 # get their own LABKIT_RUN marker): what a killed worker left behind is found by it.
 JOB_MARKER = "LABKIT_GRADE_JOB"
-# Statuses of a row.
-OK, TIMEOUT, CRASHED, MALFORMED = "ok", "timeout", "crashed", "malformed"
+# Statuses of a row. `skipped`: a path that was found but not graded (the message says why).
+OK, TIMEOUT, CRASHED, MALFORMED, SKIPPED = "ok", "timeout", "crashed", "malformed", "skipped"
+# Files are never read past these sizes (checked before reading, and while reading).
+MAX_NOTEBOOK_BYTES = 20 * 1024**2
+MAX_QUIZ_BYTES = 256 * 1024

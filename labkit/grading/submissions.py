@@ -8,13 +8,17 @@ file name — or, when a student's copy lost its metadata, from the released cel
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
+import os
 import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from labkit.grading.restore import grade_id
+from labkit.grading.settings import MAX_NOTEBOOK_BYTES
 
 
 class NotANotebook(Exception):
@@ -29,6 +33,7 @@ class Submission:
     lab: str | None = None
     problem: str = ""  # why it is malformed
     flags: list[str] = field(default_factory=list)
+    inode: tuple[int, int] = (0, 0)  # (device, inode): the same file found twice is one file
 
     @property
     def key(self) -> str:
@@ -49,28 +54,132 @@ def slug(text: str) -> str:
     return f"{clean[:60]}-{hashlib.sha256(text.encode()).hexdigest()[:8]}"
 
 
-def _hidden(rel: Path) -> bool:
-    return any(part.startswith(".") for part in rel.parts)
+@dataclass
+class Skipped:
+    """A path that was found but is not graded, and why (listed in the gradebook)."""
+
+    student: str
+    path: Path
+    reason: str
 
 
-def find(paths: list[Path], exclude: Path | None = None) -> list[Submission]:
-    """Every notebook under the given paths; raises FileNotFoundError for a missing PATH."""
-    found: dict[Path, Submission] = {}
+CHECKPOINTS = ".ipynb_checkpoints"
+
+
+def read_capped(path: Path, limit: int) -> bytes:
+    """A regular file's bytes, never following a link, never blocking, never past `limit`.
+
+    Raises OSError (with a reason a student understands) for a link, a FIFO, a device, a
+    folder, or a file larger than `limit` (checked before reading, and again while reading).
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise OSError(exc.errno, "it is a symbolic link; links are never followed") from None
+        raise
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise OSError(errno.EINVAL, "it is not a regular file")
+        if info.st_size > limit:
+            raise OSError(errno.EFBIG, f"it is larger than {limit:,} bytes")
+        chunks, size = [], 0
+        while chunk := os.read(fd, min(1 << 20, limit + 1 - size)):
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > limit:
+                raise OSError(errno.EFBIG, f"it is larger than {limit:,} bytes")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _why_not(path: Path, info: os.stat_result) -> str | None:
+    if stat.S_ISLNK(info.st_mode):
+        return "a symbolic link: links are never followed (a notebook counts only where it really is)"
+    if not stat.S_ISREG(info.st_mode):
+        return "not a regular file (a FIFO, socket or device is never opened)"
+    if info.st_size > MAX_NOTEBOOK_BYTES:
+        return f"larger than {MAX_NOTEBOOK_BYTES:,} bytes: not read"
+    return None
+
+
+def _walk(top: Path, exclude: Path | None, skipped: list[Skipped], student_of) -> list[Path]:
+    """Every *.ipynb below `top`, never through a link; what is left out goes to `skipped`."""
+    found: list[Path] = []
+    for root, dirs, files in os.walk(top, followlinks=False):
+        here = Path(root)
+        for name in sorted(dirs):
+            sub = here / name
+            if name == CHECKPOINTS:
+                skipped.append(Skipped(student_of(sub), sub, "Jupyter's autosave copies, not a submission"))
+                dirs.remove(name)
+            elif exclude is not None and sub.absolute() == exclude:
+                dirs.remove(name)  # the grader's own output
+            elif sub.is_symlink():
+                skipped.append(Skipped(student_of(sub), sub, "a symbolic link to a folder: links are never followed"))
+        dirs.sort()
+        for name in sorted(files):
+            if name.endswith(".ipynb"):
+                found.append(here / name)
+    return found
+
+
+def find(paths: list[Path], exclude: Path | None = None) -> tuple[list[Submission], list[Skipped]]:
+    """Every notebook under the given paths, and every path left out with its reason.
+
+    Raises FileNotFoundError for a missing PATH. A notebook is credited to the folder it lives
+    in (the first folder below PATH), never to where a link points; links, FIFOs, devices and
+    oversized files are listed, not read; dotted folders are searched like any other (only
+    Jupyter's `.ipynb_checkpoints` is left out, and listed).
+    """
+    subs: list[Submission] = []
+    skipped: list[Skipped] = []
+    exclude = exclude.absolute() if exclude is not None else None
     for path in paths:
-        if not path.exists():
+        if not os.path.lexists(path):
             raise FileNotFoundError(path)
-        if path.is_file():
-            resolved = path.resolve()
-            found.setdefault(resolved, Submission(resolved.parent.name or "student", resolved))
-            continue
-        for nb_path in sorted(path.rglob("*.ipynb")):
-            rel = nb_path.relative_to(path)
-            resolved = nb_path.resolve()
-            if _hidden(rel) or (exclude is not None and resolved.is_relative_to(exclude)):
+        top = Path(os.path.abspath(path))
+        if top.is_dir() and not top.is_symlink():
+            def student_of(p: Path, top=top) -> str:
+                rel = p.relative_to(top)
+                return rel.parts[0] if len(rel.parts) > 1 else (top.name or "student")
+
+            candidates = _walk(top, exclude, skipped, student_of)
+        else:
+            def student_of(p: Path) -> str:
+                return p.parent.name or "student"
+
+            candidates = [top]
+        for nb_path in candidates:
+            try:
+                info = os.lstat(nb_path)
+            except OSError:
                 continue
-            student = rel.parts[0] if len(rel.parts) > 1 else (path.resolve().name or "student")
-            found.setdefault(resolved, Submission(student, resolved))
-    return list(found.values())
+            reason = _why_not(nb_path, info)
+            if reason is not None:
+                skipped.append(Skipped(student_of(nb_path), nb_path, reason))
+            else:
+                subs.append(Submission(student_of(nb_path), nb_path, inode=(info.st_dev, info.st_ino)))
+    return _one_per_path(subs), skipped
+
+
+def _one_per_path(subs: list[Submission]) -> list[Submission]:
+    """The same file named twice (PATHs that overlap) is graded once; the same file under
+    two students (a hard link) is graded for both, and both are flagged."""
+    unique: dict[Path, Submission] = {}
+    for sub in subs:
+        unique.setdefault(sub.path, sub)
+    by_inode: dict[tuple[int, int], list[Submission]] = {}
+    for sub in unique.values():
+        by_inode.setdefault(sub.inode, []).append(sub)
+    for group in by_inode.values():
+        students = sorted({s.student for s in group})
+        if len(students) > 1:
+            for sub in group:
+                sub.flags += [f"same-file:{other}" for other in students if other != sub.student]
+    return list(unique.values())
 
 
 def read_notebook(data: bytes) -> dict:
@@ -151,7 +260,7 @@ def identify(nb: dict, known: dict[str, Release]) -> str | None:
 def examine(sub: Submission, known: dict[str, Release], labs: list[str]) -> dict | None:
     """Fill in hash, lab and problem; return the parsed notebook when it is gradable."""
     try:
-        data = sub.path.read_bytes()
+        data = read_capped(sub.path, MAX_NOTEBOOK_BYTES)
     except OSError as exc:
         sub.problem = f"The file could not be read: {exc.strerror}."
         return None
@@ -185,7 +294,7 @@ def one_per_lab(subs: list[Submission], known: dict[str, Release]) -> list[Submi
             continue
         release = known.get(group[0].lab or "")
         group.sort(key=lambda s: (release is not None and s.path.name == release.path.name,
-                                  s.path.stat().st_mtime, s.path.name), reverse=True)
+                                  s.path.lstat().st_mtime, s.path.name), reverse=True)
         winner = group[0]
         winner.flags += [f"ignored:{other.path.name}" for other in group[1:]]
         chosen.append(winner)

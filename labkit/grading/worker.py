@@ -1,9 +1,11 @@
 """Grade one submission, start to finish, in its own process (forked by the batch's forkserver).
 
 Restore the released cells, then two independent things at once: the judge scores the
-module assembled from the step cells (`labkit.judge.run.run_lab`, never the kernel), and nbclient
-executes the notebook for the feedback page. Then the executed notebook, the feedback page and
-— last, as the commit point — the result file are written.
+module assembled from the step cells (in its own box: `judge_box`, never the kernel), and
+nbclient executes the notebook for the feedback page (its kernel in a sandbox: `kernel_box`).
+Then the executed notebook, the feedback page and — last, as the commit point — the result
+file are written. Nothing a sandbox could write is read back: the verdict comes on the
+judge's pipe, the quiz answers from the submitted folder (scored against the answer key).
 """
 
 from __future__ import annotations
@@ -23,11 +25,20 @@ from pathlib import Path
 import nbformat
 
 from labkit import labs
-from labkit.grading import feedback, gradebook, record, sandbox
+from labkit.grading import answers, feedback, gradebook, judge_box, record
 from labkit.grading.execute import execute, prepare, untag
+from labkit.grading.kernel_box import HOME, KernelBox
 from labkit.grading.restore import Restored, check_step, restore
-from labkit.grading.settings import CRASHED, EXECUTED, JOB_MARKER, OK, WORK, Limits
-from labkit.grading.submissions import NotANotebook, read_notebook, slug
+from labkit.grading.settings import (
+    CRASHED,
+    EXECUTED,
+    JOB_MARKER,
+    MAX_NOTEBOOK_BYTES,
+    OK,
+    WORK,
+    Limits,
+)
+from labkit.grading.submissions import NotANotebook, read_capped, read_notebook, slug
 from labkit.judge import reaper
 from labkit.judge.verdict import LabVerdict
 from labkit.limits import RUN_MARKER
@@ -36,43 +47,32 @@ from labkit.notebook.module_export import assemble, parts_from_notebook
 PR_SET_PDEATHSIG = 1
 
 
-def _run_judge(job: dict, module: Path, box: dict) -> None:
-    from labkit.judge.run import run_lab
-
-    started = time.monotonic()
+def _run_judge(job: dict, module: Path, box: dict, limits: Limits) -> None:
+    """The judge in its own box (`judge_box`); its verdict arrives on a pipe only it holds."""
     try:
-        verdict = run_lab(labs.load(job["lab"]), module, seed=job["seed"])
-        box["seconds"] = time.monotonic() - started
+        run = judge_box.run(job["lab"], module, job["seed"], uid=job.get("uid"),
+                            timeout=limits.notebook_timeout + limits.worker_grace / 2,
+                            marker_env={JOB_MARKER: job["marker"]})
+        box["seconds"], box["sandbox"] = run.seconds, run.sandbox
+        if run.verdict is None:
+            box["error"] = run.error
+            return
         gradebook.write_atomic(record.partial_path(Path(job["out"]), job["key"]),
-                               json.dumps(verdict.to_json()))
-        box["verdict"] = verdict
-    except BaseException as exc:  # a bug in the judge must not lose the notebook's run
+                               json.dumps(run.verdict.to_json()))
+        box["verdict"] = run.verdict
+    except BaseException as exc:  # a bug in the grader must not lose the notebook's run
         box["error"] = f"{type(exc).__name__}: {exc}"
         box["trace"] = traceback.format_exc()
 
 
-def _quiz(kernel_dir: Path, lab: str) -> dict | None:
-    path = kernel_dir / "work" / f"quiz-{lab}.json"
-    try:  # the kernel made this file: no symlink out of its dir, no giant file
-        if (path.is_file() and path.resolve().is_relative_to(kernel_dir.resolve())
-                and path.stat().st_size <= 256 * 1024):
-            data = json.loads(path.read_text(encoding="utf-8"))
-            return data if isinstance(data, dict) else {"answers": data}
-    except (OSError, ValueError):
-        pass
-    return None
-
-
-def _bring_quiz(job: dict, kernel_dir: Path) -> None:
-    """A quiz answered in the student's own JupyterLab is saved beside the notebook, in work/."""
-    name = f"quiz-{job['lab']}.json"
-    source = Path(job["path"]).parent / "work" / name
-    try:
-        if source.is_file() and not source.is_symlink() and source.stat().st_size <= 256 * 1024:
-            (kernel_dir / "work").mkdir(exist_ok=True)
-            shutil.copyfile(source, kernel_dir / "work" / name)
-    except OSError:
-        pass
+def _shown_quiz(job: dict, raw: dict | None, work: Path) -> dict[Path, str]:
+    """The student's own quiz answers, shown (read-only) to the kernel's quiz cell."""
+    if raw is None:
+        return {}
+    copy = work / "quiz.json"
+    copy.write_text(json.dumps(raw), encoding="utf-8")
+    copy.chmod(0o644)
+    return {copy: f"{HOME}/work/quiz-{job['lab']}.json"}
 
 
 def grade(job: dict) -> dict:
@@ -82,17 +82,17 @@ def grade(job: dict) -> dict:
     marker = job["marker"]
     work = out / WORK / job["key"]
     shutil.rmtree(work, ignore_errors=True)
-    judge_dir, kernel_dir = work / "judge", work / "kernel"
+    judge_dir, sockets = work / "judge", work / "kernel"
     judge_dir.mkdir(parents=True)
-    kernel_dir.mkdir(parents=True)
-    judge_dir.chmod(0o700)
-    # This process's own Jupyter files (none expected) stay in the submission's dir too.
-    os.environ.update({k: v for k, v in sandbox.redirected_env(judge_dir).items() if k.startswith("JUPYTER_")})
+    work.chmod(0o711)  # the sandboxes reach their own paths below it, and cannot list it
+    judge_dir.chmod(0o711)
+    kernel = None
     try:
         try:
-            nb = nbformat.from_dict(read_notebook(Path(job["path"]).read_bytes()))
+            nb = nbformat.from_dict(read_notebook(read_capped(Path(job["path"]), MAX_NOTEBOOK_BYTES)))
         except (OSError, NotANotebook) as exc:
-            return record.malformed(job, str(exc))
+            return record.malformed(job, str(exc) if isinstance(exc, NotANotebook) else
+                                    f"The file could not be read: {exc.strerror or exc}.")
         flags = list(job.get("flags", []))
         if job.get("release"):
             release = nbformat.from_dict(read_notebook(Path(job["release"]).read_bytes()))
@@ -103,15 +103,18 @@ def grade(job: dict) -> dict:
 
         module = judge_dir / labs.MODULE_FILES[job["lab"]]
         module.write_text(assemble(parts_from_notebook(restored.nb)), encoding="utf-8")
+        module.chmod(0o644)
         box: dict = {}
-        judge = threading.Thread(target=_run_judge, args=(job, module, box), name="judge", daemon=True)
+        judge = threading.Thread(target=_run_judge, args=(job, module, box, limits), name="judge", daemon=True)
         judge.start()
 
-        _bring_quiz(job, kernel_dir)
+        raw_quiz = answers.read(Path(job["path"]), job["lab"])
         skip = {c.get("id") for c in restored.nb.cells
                 if check_step(c) is not None and c.get("id") in restored.released_ids}
         executed = prepare(restored.nb, skip)
-        execution = execute(executed, kernel_dir, limits, marker, job.get("private_fs", False))
+        kernel = KernelBox(sockets, job["lab"], limits, marker, job.get("uid"), _shown_quiz(job, raw_quiz, work))
+        execution = execute(executed, kernel, limits)
+        kernel.close()
         executed_at = time.monotonic()
         judge.join()
         verdict: LabVerdict | None = box.get("verdict")
@@ -120,7 +123,7 @@ def grade(job: dict) -> dict:
         feedback.mark_death(executed, execution.died_at, execution.message)
         feedback.sanitize_student_cells(executed, restored.released_ids)
         feedback.fill_checks(executed, verdict, restored.released_ids)
-        quiz = _quiz(kernel_dir, job["lab"])
+        quiz = answers.score(job["lab"], raw_quiz)  # correctness from the answer key, never the file
         gradebook.write_atomic(out / EXECUTED / slug(job["student"]) / f"{job['lab']}.ipynb",
                                nbformat.writes(executed))
 
@@ -138,11 +141,14 @@ def grade(job: dict) -> dict:
         return record.finish(job, status=status, message=message, flags=flags, verdict=verdict,
                              seconds=time.monotonic() - started, nb=executed, notes=notes, quiz=quiz,
                              extra={"execution": asdict(execution), "judge_trace": box.get("trace", ""),
+                                    "judge_sandbox": box.get("sandbox"),
                                     "timings": {"judge": box.get("seconds"), "execute": execution.seconds,
                                                 "judge_wait": time.monotonic() - executed_at,
                                                 "total": time.monotonic() - started}})
     finally:
-        sandbox.sweep(marker)
+        if kernel is not None:
+            kernel.close()
+        reaper.kill_marked(marker)
         shutil.rmtree(work, ignore_errors=True)
 
 

@@ -26,6 +26,7 @@ from typing import IO
 
 from labkit.judge import reaper
 from labkit.limits import CALL_TIMEOUT, CHILD_OUTPUT_BYTES, KILL_GRACE, RUN_MARKER
+from labkit.sandbox.profiles import child_box
 
 ROOT = Path(__file__).resolve().parents[2]
 MAX_RESULT_BYTES = 8 * 1024 * 1024
@@ -107,7 +108,9 @@ def spawn(module: Path, *, workdir: Path, env: dict[str, str], pass_fds: tuple[i
     pipe as stdin (the request, then closed) and `stdout`/`stderr` going to the judge's files.
     `-P`: the student's folder must not shadow the standard library or labkit.
     """
-    return subprocess.Popen(
+    # Sandboxed when the sandbox is on (labkit.sandbox.profiles.child): its own uid, namespaces
+    # and cgroup; it sees only what it needs. A plain Popen when it is off.
+    return child_box(module, workdir, env).spawn(
         [sys.executable, "-P", "-m", "labkit.probe.main"],
         stdin=subprocess.PIPE,
         stdout=stdout,

@@ -57,8 +57,8 @@ def _reap_all(pids: set[int], deadline: float) -> None:
         for pid in list(waiting):
             try:
                 done, _ = os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:  # not our child, or already reaped
-                done = pid
+            except ChildProcessError:  # not our child (yet: a killed orphan re-parents to us a
+                done = 0 if os.path.exists(f"/proc/{pid}") else pid  # moment later), or gone
             if done:
                 waiting.discard(pid)
         if waiting:

@@ -22,6 +22,11 @@ SOURCES = ROOT / "notebooks" / "source"
 FENCE = re.compile(r"^```cell:(\w+)(?:[ \t]+(\S+))?[ \t]*$")
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
+# The course's own cells reach the lab through `Lab.of`, which says "run the setup cell first"
+# in a kernel where it has not run, instead of a NameError for `lab`. Whatever a lesson writes
+# in a check or quiz fence (`lab.check(3)` reads best there), the notebook gets these.
+CHECK_SOURCE = 'from labkit.notebook import Lab\n\nLab.of("{lab}").check({step})'
+QUIZ_SOURCE = 'from labkit.notebook import Lab\n\nLab.of("{lab}").quiz()'
 
 
 @dataclass
@@ -125,7 +130,8 @@ def student_notebook(lesson: Lesson) -> nbformat.NotebookNode:
             cell.metadata = {"nbgrader": _nbgrader(f"{lesson.lab}-code-{block.arg}", solution=True),
                              "labkit": {"part": block.arg}}
         elif block.kind == "check":
-            cell = nbformat.v4.new_code_cell(block.text)
+            step = block.arg if block.arg.isdigit() else f'"{block.arg}"'
+            cell = nbformat.v4.new_code_cell(CHECK_SOURCE.format(lab=lesson.lab, step=step))
             cell.metadata = _locked({
                 "jupyter": {"source_hidden": True},
                 "nbgrader": _nbgrader(f"{lesson.lab}-check-{block.arg}", grade=True, locked=True,
@@ -133,7 +139,7 @@ def student_notebook(lesson: Lesson) -> nbformat.NotebookNode:
                 "labkit": {"check": block.arg},
             })
         elif block.kind in ("setup", "quiz"):
-            cell = nbformat.v4.new_code_cell(block.text)
+            cell = nbformat.v4.new_code_cell(QUIZ_SOURCE.format(lab=lesson.lab) if block.kind == "quiz" else block.text)
             cell.metadata = _locked({"nbgrader": _nbgrader(gid, locked=True), "labkit": {block.kind: True}})
         else:
             cell = nbformat.v4.new_code_cell(block.text)

@@ -3,6 +3,10 @@
 The kernel never judges: `check()` runs `python -m labkit check` in a separate process and
 only displays the JSON it prints. Patching labkit inside the kernel changes the picture on
 the student's own screen, never a grade.
+
+The setup cell (`lab = Lab("outbox")`) registers the lab for this kernel. The course's own
+cells reach it through `Lab.of("outbox")`, which, before the setup cell has run (a fresh
+kernel, or one just restarted), says so instead of failing with a `NameError`.
 """
 
 from __future__ import annotations
@@ -14,11 +18,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-from labkit.judge.verdict import LabVerdict, from_json
+from labkit.judge.verdict import Case, LabVerdict, Outcome, StepVerdict, from_json
 from labkit.labs import MODULE_FILES
-from labkit.notebook import module_export
+from labkit.notebook import module_export, step_cell
 
 CHECK_TIMEOUT = 180.0  # the judge bounds each step itself; this only guards the guard
+SETUP_FIRST = ("Run the setup cell at the top of this notebook first (`lab = Lab(\"{lab}\")`): a fresh or "
+               "restarted kernel does not know this lab yet. Then run this cell again.")
+
+_active: dict[str, Lab] = {}  # lab name → the Lab the setup cell made in this kernel
 
 
 def _in_kernel() -> bool:
@@ -29,6 +37,24 @@ def _in_kernel() -> bool:
     return get_ipython() is not None
 
 
+class NotSetUp:
+    """What `Lab.of(name)` gives before the setup cell ran: every call says to run it first."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __getattr__(self, attribute: str):
+        if attribute.startswith("_"):
+            raise AttributeError(attribute)
+
+        def tell(*args, **kwargs) -> None:
+            from labkit.views import display
+
+            display.show_next(SETUP_FIRST.format(lab=self.name))
+
+        return tell
+
+
 class Lab:
     """`lab = Lab("outbox")` in a notebook's first cell: registers `%%step`, shows the progress bar."""
 
@@ -37,9 +63,16 @@ class Lab:
         self.module_file = MODULE_FILES[name]
         self.workdir = Path(workdir).resolve()
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self._register_magic()
+        self.parts = module_export.lab_parts(name)
+        _active[name] = self
         if _in_kernel():
+            step_cell.register(self)
             self.progress()
+
+    @classmethod
+    def of(cls, name: str) -> Lab | NotSetUp:
+        """The lab the setup cell made in this kernel, or a stand-in that says to run setup first."""
+        return _active.get(name) or NotSetUp(name)
 
     @property
     def last_final_path(self) -> Path:
@@ -50,22 +83,8 @@ class Lab:
     def module_path(self) -> Path:
         return self.workdir / self.module_file
 
-    def _register_magic(self) -> None:
-        try:
-            from IPython import get_ipython
-        except ImportError:
-            return
-        shell = get_ipython()
-        if shell is None:
-            return
-
-        def step(line: str, cell: str) -> None:
-            part = line.strip()
-            module_export.save_part(self.workdir, self.name, self.module_file, part, cell)
-            # Also define the functions here, so the student can try them in scratch cells.
-            exec(compile(cell, f"<step {part}>", "exec"), shell.user_ns)  # noqa: S102
-
-        shell.register_magic_function(step, "cell", "step")
+    def saved_parts(self) -> dict[str, str]:
+        return module_export.saved_parts(self.workdir, self.name)
 
     def run_judge(self, step: str | int | None = None, seed: int | None = None) -> LabVerdict | str:
         """Run the judge in its own process; returns a verdict, or a message if it could not run."""
@@ -93,25 +112,59 @@ class Lab:
         except (ValueError, KeyError):
             return f"The check could not run (exit {proc.returncode}).\n{err.strip()[-2000:]}"
 
+    def _not_run_yet(self, step: str, saved: dict[str, str]) -> LabVerdict | None:
+        """A check before its step cell (or before the provided-code cell) has nothing to judge:
+        a grey verdict that names the cell to run, without starting the judge."""
+        from labkit.labs import load
+
+        if not step.isdigit() or (step in saved and module_export.HEADER in saved):
+            return None
+        spec = load(self.name).step(step)
+        if step in saved:  # the step ran, but the module's head (imports, exceptions) never did
+            cell = "the provided-code cell (`%%step header`) near the top"
+        else:
+            cell = f"the `%%step {step}` cell above"
+        case = Case(f"{cell} has not run yet", Outcome.MISSING, called=f"%%step {step}",
+                    hint=f"Run {cell}, then this check again.")
+        return LabVerdict(self.name, seed=0, steps=[StepVerdict(spec.step, spec.title, spec.points, [case])])
+
     def check(self, step: str | int):
+        from labkit.labs import load
         from labkit.notebook import progress
         from labkit.views import display
 
-        verdict = self.run_judge(step)
-        if isinstance(verdict, str):
-            display.show_problem(verdict)
+        known = [str(s.step) for s in load(self.name).steps]
+        if str(step) not in known:
+            display.show_next(f"Lab {self.name} has no step {step!r}; its checks are {', '.join(known)}.")
             return None
-        display.show_verdict(self, verdict)
-        if any(s.step == "final" for s in verdict.steps):
-            module_export.write_atomic(self.last_final_path, json.dumps(verdict.to_json(), ensure_ascii=False))
+        saved = self.saved_parts()
+        verdict = self._not_run_yet(str(step), saved)
+        if verdict is not None:  # nothing was judged: no seed to show
+            display.show_step(verdict.steps[0], None, saved)
+        else:
+            verdict = self.run_judge(step)
+            if isinstance(verdict, str):
+                display.show_problem(verdict)
+                return None
+            self._in_cell_terms(verdict, saved)
+            if any(s.step == "final" for s in verdict.steps):
+                module_export.write_atomic(self.last_final_path, json.dumps(verdict.to_json(), ensure_ascii=False))
+            display.show_verdict(verdict, saved)
         state = progress.load(self.workdir, self.name)
-        state.record(verdict)
+        state.record(verdict, saved)
         progress.save(self.workdir, state)
         display.update_progress(state)
         if os.environ.get("NBGRADER_EXECUTION") and not verdict.passed:
             # nbgrader scores a test cell by whether it raises.
             raise AssertionError(f"{self.name} step {step} did not pass")
         return None
+
+    def _in_cell_terms(self, verdict: LabVerdict, saved: dict[str, str]) -> None:
+        """Line numbers in the assembled module → the student's own cells and lines."""
+        for step in verdict.steps:
+            for case in step.cases:
+                case.trace = module_export.in_cell_terms(case.trace, self.module_file, saved)
+                case.got = module_export.in_cell_terms(case.got, self.module_file, saved)
 
     def progress(self) -> None:
         """Show this lab's progress bar (saved in `work/progress-<lab>.json`)."""
@@ -128,10 +181,10 @@ class Lab:
             verdict = from_json(json.loads(self.last_final_path.read_text(encoding="utf-8")))
             final = next(s for s in verdict.steps if s.step == "final")
         except (OSError, ValueError, KeyError, StopIteration):
-            display.show_message("No final check has run yet: run the final check's cell, then this one again.")
+            display.show_next("No final check has run yet: run the final check's cell, then this one again.")
             return
         if final.evidence is None or not final.evidence.ladder:
-            display.show_message("The last final check observed no rungs (did it run at all?): run it again.")
+            display.show_next("The last final check observed no rungs (did it run at all?): run it again.")
             return
         display.show_ladder(final.evidence.ladder, verdict.seed)
 
@@ -141,14 +194,22 @@ class Lab:
         from labkit.views import display
 
         questions = quiz.load(self.name)
-        display.show_quiz(self.name, questions, quiz.answers(self.workdir, self.name),
+        display.show_quiz(self.name, questions, lambda: quiz.answers(self.workdir, self.name),
                           lambda qid, index: quiz.record(self.workdir, self.name, questions, qid, index))
 
     def answer(self, question: str, choice: int | str) -> None:
         """Answer a quiz question without the widget: `lab.answer("inbox", "b")`."""
         from labkit.notebook import quiz
+        from labkit.views import display
 
         questions = quiz.load(self.name)
         entry = quiz.record(self.workdir, self.name, questions, question, choice)
         verdict = "right" if entry["correct"] else "not quite"
         print(f"{question}: {verdict}.\n" + quiz.explain_text(quiz.find(questions, question), entry["choice"]))
+        display.update_quiz(self.name, questions, quiz.answers(self.workdir, self.name))
+
+    def reveal(self, step: int | str, confirm: bool = False) -> None:
+        """Show one step's reference solution, after you tried. Asks first; your grader sees it."""
+        from labkit.notebook import reveal
+
+        reveal.offer(self, str(step), confirm)

@@ -110,16 +110,35 @@ def render_text(lab: str, questions: list[dict], saved: dict[str, dict]) -> str:
     return "\n".join(out)
 
 
+def why_html(question: dict, chosen: int | None) -> str:
+    """Once answered: for each option, lettered as in the widget, whether it is right and why."""
+    rows = []
+    for i, o in enumerate(question["options"]):
+        mark, color = ("✓", "#1b5e20") if o["correct"] else ("✗", "#b71c1c")
+        you = " <b>← your answer</b>" if i == chosen else ""
+        rows.append(f'<div class="lk-opt"><span style="color:{color}">{mark}</span> {LETTERS[i]}) '
+                    f'{escape(o["text"])}{you}<div class="lk-why">{escape(o["why"])}</div></div>')
+    return "".join(rows)
+
+
 def render_html(lab: str, questions: list[dict], saved: dict[str, dict]) -> str:
-    """Static: each question's explanations sit behind a `<details>`, readable without a kernel."""
+    """Static, readable without a kernel: options lettered as in the widget, the answers as saved
+    now; an answered question shows why each option is right or wrong, an open one hides that."""
     if not questions:
         return f"<p>Lab {escape(lab)} has no quiz.</p>"
+    answered = sum(1 for q in questions if q["id"] in saved)
     items = []
-    for q in questions:
+    for number, q in enumerate(questions, 1):
         chosen = saved.get(q["id"], {}).get("choice")
-        options = "".join(f"<li>{escape(o['text'])}{' <b>(your answer)</b>' if i == chosen else ''}</li>"
-                          for i, o in enumerate(q["options"]))
-        why = "".join(f"<li>{'✓' if o['correct'] else '✗'} {escape(o['why'])}</li>" for o in q["options"])
-        items.append(f'<div class="lk-q">{escape(q["question"])}</div><ol type="a">{options}</ol>'
-                     f'<details class="lk-more"><summary>explanations</summary><div><ol type="a">{why}</ol></div></details>')
-    return f'<div class="lk-quiz"><b>Quiz — lab {escape(lab)}</b>{"".join(items)}</div>'
+        if chosen is None:
+            rows = "".join(f'<div class="lk-opt">{LETTERS[i]}) {escape(o["text"])}</div>'
+                           for i, o in enumerate(q["options"]))
+        else:
+            rows = why_html(q, chosen)
+        why = "" if chosen is not None else (
+            '<details class="lk-more"><summary>why each option is right or wrong</summary><div>'
+            + "".join(f"<p>{LETTERS[i]}) {escape(o['why'])}</p>" for i, o in enumerate(q["options"]))
+            + "</div></details>")
+        items.append(f'<div class="lk-q">{number}. {escape(q["question"])}</div>{rows}{why}')
+    return (f'<div class="lk-quiz"><b>Quiz — lab {escape(lab)}</b> '
+            f'<span class="lk-points">{answered} of {len(questions)} answered</span>{"".join(items)}</div>')

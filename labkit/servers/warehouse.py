@@ -195,6 +195,9 @@ class _State:
     inbox: dict[str, str] = field(default_factory=dict)  # built-in inbox: id -> canonical body
     event_faults: dict[str, EventFault] = field(default_factory=dict)
     deliveries: dict[str, int] = field(default_factory=dict)  # POST /events per event ID
+    # What `Warehouse.requests()` returns: the judge's own memory, not the file in a folder a
+    # sandboxed child can write to (the file stays, for people reading a run).
+    records: list[dict] = field(default_factory=list)
 
     def next_n(self) -> int:
         with self.lock:
@@ -218,6 +221,7 @@ class _State:
 
     def log(self, record: dict) -> None:
         with self.log_lock:
+            self.records.append(dict(record))
             _append_line(self.log_path, record)
 
     def apply(self, event: dict) -> tuple[str, str | None]:
@@ -541,7 +545,8 @@ class Warehouse:
     _close_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def requests(self) -> list[dict]:
-        return read_log(self.log_path)
+        with self._server.state.log_lock:
+            return [dict(r) for r in self._server.state.records]
 
     def lift(self, event_id: str) -> None:
         """The cause is fixed: deliveries of `event_id` are served normally from now on."""
@@ -731,6 +736,7 @@ class WarehouseProcess:
     port: int
     log_path: Path
     _closed: bool = field(default=False, repr=False)
+    _box: Any = field(default=None, repr=False)  # its sandbox (labkit.sandbox), closed with it
 
     def requests(self) -> list[dict]:
         return read_log(self.log_path)
@@ -740,7 +746,11 @@ class WarehouseProcess:
         if self._closed:
             return
         self._closed = True
+        if self._box is not None and not _exited(self.proc):
+            self._box.terminate(self.proc, grace=2.0)  # to the program itself, not the wrapper
         _stop_group(self.proc, grace=2.0)
+        if self._box is not None:
+            self._box.close(self.proc)
 
     def __enter__(self) -> WarehouseProcess:
         return self
@@ -811,12 +821,15 @@ def spawn_warehouse(
     if faults:
         cmd += ["--faults", ",".join(faults)]
     from labkit.judge.child import child_env  # the same marker and paths as every judged child
+    from labkit.limits import RUN_MARKER
+    from labkit.sandbox.profiles import child_box  # the student's receive runs sandboxed too
 
     env = child_env(marker) if marker else child_env("unmarked")
+    box = child_box(Path(module_path), workdir, {RUN_MARKER: env[RUN_MARKER]}, ("labkit.servers.warehouse",))
     with open(workdir / "warehouse.stdout", "wb") as out, \
             open(workdir / "warehouse.stderr", "wb") as err:
-        proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdin=subprocess.DEVNULL,
-                                stdout=out, stderr=err, start_new_session=True)
+        proc = box.spawn(cmd, cwd=workdir, env=env, stdin=subprocess.DEVNULL,
+                         stdout=out, stderr=err, start_new_session=True)
 
     deadline = time.monotonic() + ready_timeout
     info = _read_ready(ready)
@@ -828,9 +841,10 @@ def spawn_warehouse(
 
     if info is not None and "port" in info:
         return WarehouseProcess(proc=proc, url=info["url"], port=int(info["port"]),
-                                log_path=Path(log_path))
+                                log_path=Path(log_path), _box=box)
     exited = _exited(proc)
     _stop_group(proc, grace=0.0)
+    box.close(proc)
     if info is not None and "error" in info:
         kind = "worker module failed to import" if proc.returncode == 3 else "warehouse failed"
         raise WarehouseStartError(f"{kind}: {info['error']}")

@@ -12,8 +12,7 @@ from html import escape
 
 from labkit.judge.verdict import Case, Evidence, LabVerdict, Outcome, StepVerdict
 from labkit.views import timeline_svg
-
-CALM_OUTCOMES = (Outcome.NOT_IMPLEMENTED, Outcome.MISSING, Outcome.NOT_REACHED)
+from labkit.views.standing import NOTEBOOK, Standing, is_calm, standing
 
 # The first nudge when a hint is a single sentence: what kind of problem this is, per outcome.
 NUDGE = {
@@ -47,14 +46,21 @@ STYLE = """
 .lk-ladder{border-collapse:collapse;margin:2px 0;font-size:12px}
 .lk-ladder th,.lk-ladder td{border:1px solid #cfd8dc;padding:2px 8px!important;text-align:left!important;vertical-align:top!important}
 .lk-ladder th{background:#eceff1}.lk-foot{color:#90a4ae;font-size:11px;margin-top:4px}
+.lk-next{margin:2px 0 2px 0;padding:4px 8px;background:#f5f5f5;border-left:3px solid #9e9e9e;color:#37474f}
+.lk-progress .lk-next{font-size:12px}
+.lk-restart-note{display:none;color:#616161;font-size:12px;font-style:italic;margin:2px 0}
 .lk-progress{font-family:system-ui,-apple-system,'Segoe UI',Roboto,sans-serif;font-size:13px;color:#263238;max-width:40em;margin:4px 0}
 .lk-bar{height:12px;background:#eceff1;border-radius:6px;overflow:hidden;margin:3px 0}.lk-bar>div{height:100%;background:#43a047}
 .lk-quiz{font-family:system-ui,-apple-system,'Segoe UI',Roboto,sans-serif;font-size:13px;color:#263238;max-width:62em}
 .lk-quiz ol{padding-left:1.6em}.lk-quiz .lk-q{font-weight:600;margin-top:8px}
+.lk-quiz .lk-opt{margin:2px 0 2px 1em}.lk-quiz .lk-why{margin:0 0 4px 1.6em;color:#455a64;font-size:12px}
 /* Live in JupyterLab, the widget (.lk-live) replaces this static copy of the same view; without a
-   widget (nbclient, exported HTML, a notebook reopened without its kernel) the static copy stays. */
-.jp-OutputArea-child:has(.lk-pair):has(+ .jp-OutputArea-child .lk-live){display:none}
-.jp-OutputArea-child:has(.lk-pair) + .jp-OutputArea-child:not(:has(.lk-live)){display:none}
+   live widget (nbclient, exported HTML, a notebook reopened without its kernel, or a widget whose
+   kernel restarted: ipywidgets marks it .jupyter-widgets-disconnected) the static copy stays,
+   and after a restart it says how to get the live view back. */
+.jp-OutputArea-child:has(.lk-pair):has(+ .jp-OutputArea-child .lk-live:not(.jupyter-widgets-disconnected)){display:none}
+.jp-OutputArea-child:has(.lk-pair) + .jp-OutputArea-child:not(:has(.lk-live:not(.jupyter-widgets-disconnected))){display:none}
+.jp-OutputArea-child:has(.lk-pair):has(+ .jp-OutputArea-child .lk-live.jupyter-widgets-disconnected) .lk-restart-note{display:block}
 </style>
 """
 
@@ -71,15 +77,21 @@ def hint_levels(case: Case) -> tuple[str, str]:
     return NUDGE.get(case.outcome, ""), hint
 
 
-def is_calm(case: Case) -> bool:
-    return case.outcome in CALM_OUTCOMES
-
-
 def step_label(step: StepVerdict) -> str:
     return f"Step {step.step}" if step.step != "final" else "Final check"
 
 
-STATUS = {"passed": "passed", "failed": "failed", "not_implemented": "not implemented yet"}
+RESTART_NOTE = ("The kernel restarted, so this is a saved copy. Run the setup cell at the top, "
+                "then this cell again, for the live view.")
+
+
+def seconds_text(seconds: float) -> str:
+    """"0.04 s" would print as "0.0 s", which reads as "nothing ran": small times in ms."""
+    return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.1f} s"
+
+
+def render_foot(seed: int | None, seconds: float) -> str:
+    return f'<div class="lk-foot">seed {seed} · {seconds_text(seconds)}</div>' if seed is not None else ""
 
 
 def _case(case: Case, first_failing: bool) -> str:
@@ -139,16 +151,26 @@ def render_evidence(evidence: Evidence | None) -> str:
     return render_timeline(evidence) + render_ladder(evidence.ladder) + render_faults(evidence.faults)
 
 
-def render_head(step: StepVerdict) -> str:
+def render_head(step: StepVerdict, where: Standing | None = None) -> str:
+    where = where or standing(step)
     return (f'<div class="lk-head">{escape(step_label(step))} — {escape(step.title)} '
-            f'<span class="lk-badge {step.status}">{STATUS[step.status]}</span>'
+            f'<span class="lk-badge {where.status}">{escape(where.label)}</span>'
             f'<span class="lk-points">{step.points}/{step.max_points} points</span></div>')
 
 
-def render_cases(step: StepVerdict) -> str:
-    if step.status == "not_implemented":
-        return ('<div class="lk-calm">Not implemented yet: replace <code>raise NotImplementedError</code> '
-                "in the step's cell, run it, then run this check again.</div>")
+def render_next(text: str) -> str:
+    """The one next action, `code` spans kept."""
+    return f'<div class="lk-next">{_code_spans(text)}</div>' if text else ""
+
+
+def _code_spans(text: str) -> str:
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", escape(text))
+
+
+def render_cases(step: StepVerdict, where: Standing | None = None) -> str:
+    where = where or standing(step)
+    if where.calm:
+        return render_next(where.next)
     first = next((i for i, c in enumerate(step.cases) if not c.passed), None)
     out = []
     for group in case_groups(step.cases):
@@ -175,18 +197,20 @@ def case_groups(cases: list[Case]) -> list[list[tuple[int, Case]]]:
     return groups
 
 
-def render_step(step: StepVerdict, with_style: bool = True, seed: int | None = None) -> str:
-    body = [render_head(step), render_cases(step)]
+def render_step(step: StepVerdict, with_style: bool = True, seed: int | None = None,
+                saved: dict[str, str] | None = None, where: str = NOTEBOOK) -> str:
+    """One step's panel. `saved`: the parts the kernel saved, for the next action (None: unknown)."""
+    place = standing(step, saved, where)
+    body = [render_head(step, place), render_cases(step, place)]
     if step.note:
         body.append(f'<div class="lk-note">{escape(step.note)}</div>')
     body.append(render_evidence(step.evidence))
-    if seed is not None:
-        body.append(f'<div class="lk-foot">seed {seed} · {step.seconds:.1f} s</div>')
-    html = f'<div class="lk-step {step.status}">{"".join(body)}</div>'
+    body.append(render_foot(seed, step.seconds))
+    html = f'<div class="lk-step {place.status}">{"".join(body)}</div>'
     return (STYLE + html) if with_style else html
 
 
-def render_lab(verdict: LabVerdict) -> str:
+def render_lab(verdict: LabVerdict, where: str = NOTEBOOK) -> str:
     head = (f"<h3>lab {escape(verdict.lab)} — {verdict.score}/{verdict.max_score} points "
             f"<small>(seed {verdict.seed})</small></h3>")
-    return STYLE + head + "".join(render_step(s, with_style=False) for s in verdict.steps)
+    return STYLE + head + "".join(render_step(s, with_style=False, where=where) for s in verdict.steps)

@@ -4,31 +4,35 @@ from __future__ import annotations
 
 import textwrap
 
-from labkit.judge.verdict import Case, Evidence, LabVerdict, Outcome, StepVerdict
+from labkit.judge.verdict import Case, Evidence, LabVerdict, StepVerdict
+from labkit.views.standing import NOTEBOOK, Standing, is_calm, standing
 from labkit.views.timeline_svg import is_duplicate, is_kill, lanes, rows
 
 MARK = {True: "✓", False: "✗"}
-CALM = {Outcome.NOT_IMPLEMENTED: "·", Outcome.MISSING: "·", Outcome.NOT_REACHED: "·"}
 
 
-def step_heading(step: StepVerdict) -> str:
+def step_heading(step: StepVerdict, where: Standing | None = None) -> str:
+    where = where or standing(step)
     label = f"Step {step.step}" if step.step != "final" else "Final check"
-    status = {"passed": "passed", "failed": "FAILED", "not_implemented": "not implemented yet"}[step.status]
+    status = "FAILED" if where.status == "failed" else where.label
     return f"{label} — {step.title}: {status} ({step.points}/{step.max_points} points)"
 
 
 def case_lines(case: Case) -> list[str]:
-    mark = MARK[True] if case.passed else CALM.get(case.outcome, MARK[False])
+    mark = MARK[True] if case.passed else "·" if is_calm(case) else MARK[False]
     lines = [f"  {mark} {case.name}"]
     if not case.passed:
         lines += [textwrap.indent(case.message, "      ")]
     return lines
 
 
-def render_step(step: StepVerdict, brief_not_implemented: bool = True) -> str:
-    lines = [step_heading(step)]
-    if step.status == "not_implemented" and brief_not_implemented:
-        lines.append("  · not implemented yet: replace `raise NotImplementedError` in the step's cell, run it, check again.")
+def render_step(step: StepVerdict, brief_not_implemented: bool = True, saved: dict[str, str] | None = None,
+                where: str = NOTEBOOK) -> str:
+    """A step as text; a grey step (nothing wrong has run yet) is its heading and the next action."""
+    place = standing(step, saved, where)
+    lines = [step_heading(step, place)]
+    if place.calm and brief_not_implemented:
+        lines.append(f"  · next: {place.next}")
     else:
         for case in step.cases:
             lines += case_lines(case)
@@ -76,7 +80,7 @@ def evidence_text(evidence: Evidence | None) -> str:
     return "\n".join(p for p in parts if p)
 
 
-def render_lab(verdict: LabVerdict) -> str:
+def render_lab(verdict: LabVerdict, where: str = NOTEBOOK) -> str:
     head = (f"lab {verdict.lab} — seed {verdict.seed} — {verdict.score}/{verdict.max_score} points"
             f" — {'all passed' if verdict.passed else 'not all passed'} ({verdict.seconds:.1f} s)")
-    return "\n\n".join([head] + [render_step(s) for s in verdict.steps])
+    return "\n\n".join([head] + [render_step(s, where=where) for s in verdict.steps])

@@ -72,6 +72,16 @@ def outgoing(text: str) -> bool:
     return re.sub(r"^\[[^\]]*\]\s*", "", text).startswith("→")
 
 
+def message_label(text: str, sender: str) -> str:
+    """A server's journal line drawn as an arrow: the arrow already says who and which way, so the
+    journal's own "[client #1] ←" (seen from the server: "received from") is dropped. Left in, it
+    pointed against the drawn arrow ("← RESUME 2" on an arrow from the client to the feed)."""
+    who = re.match(r"^\[([^\]]*)\]\s*", text)
+    if who and who.group(1) == sender:
+        text = text[who.end():]
+    return re.sub(r"^[←→]\s*", "", text) if (who is None or who.group(1) == sender) else text
+
+
 def rows(timeline: list[dict]) -> list[Row]:
     """Events in time order; equal times keep the order they were recorded in."""
     events = [Row(float(e.get("t") or 0.0), str(e.get("actor", "?")), str(e.get("kind", "")), str(e.get("text", "")))
@@ -211,6 +221,8 @@ def render(timeline: list[dict], title: str = "What happened, in time order") ->
             out.append(f'<line x1="{start}" y1="{y}" x2="{end}" y2="{y}" stroke="{MUTED}" stroke-width="1.3"/>'
                        f'<polygon points="{end},{y - 4} {end},{y + 4} {end + direction * 6},{y}" fill="{MUTED}"/>')
         label = f"killed: {event.text}" if is_kill(event.kind) and "kill" not in event.text.lower() else event.text
+        if sender is not None:
+            label = message_label(label, sender)
         duplicate = is_duplicate(event.kind, event.text)
         bold = duplicate or is_kill(event.kind)
         label_width = min(len(label), LABEL_CHARS) * CHAR_WIDTH * (1.1 if bold else 1.0)

@@ -14,8 +14,9 @@ import ipywidgets as W
 
 from labkit.judge.verdict import Case, StepVerdict
 from labkit.notebook.progress import Progress
-from labkit.notebook.quiz import LETTERS
+from labkit.notebook.quiz import LETTERS, why_html
 from labkit.views import render_html
+from labkit.views.standing import is_calm, standing
 
 WIDGET_STYLE = """
 <style>
@@ -49,7 +50,7 @@ def _toggle_display(widget: W.Widget, shown: bool) -> None:
 
 def case_row(case: Case, expanded: bool) -> W.VBox:
     """A failing case: a row that expands to called / expected / got, a nudge, and more help."""
-    calm = render_html.is_calm(case)
+    calm = is_calm(case)
     mark = "·" if calm else "✗"
     toggle = W.Button(description=f"{'▾' if expanded else '▸'} {mark} {case.name}", tooltip="show / hide details",
                       layout=W.Layout(width="auto", align_self="flex-start"))
@@ -85,11 +86,12 @@ def case_row(case: Case, expanded: bool) -> W.VBox:
     return row
 
 
-def verdict_panel(step: StepVerdict, seed: int | None = None) -> W.VBox:
+def verdict_panel(step: StepVerdict, seed: int | None = None, saved: dict[str, str] | None = None) -> W.VBox:
     """One compact panel per checked step; the final check also shows its timeline and ladder."""
-    children: list[W.Widget] = [_html(render_html.STYLE + WIDGET_STYLE + render_html.render_head(step))]
-    if step.status == "not_implemented":
-        children.append(_html(render_html.render_cases(step)))
+    place = standing(step, saved)
+    children: list[W.Widget] = [_html(render_html.STYLE + WIDGET_STYLE + render_html.render_head(step, place))]
+    if place.calm:
+        children.append(_html(render_html.render_cases(step, place)))
     else:
         first = next((i for i, c in enumerate(step.cases) if not c.passed), None)
         for group in render_html.case_groups(step.cases):
@@ -103,9 +105,9 @@ def verdict_panel(step: StepVerdict, seed: int | None = None) -> W.VBox:
     if evidence:
         children.append(_html(evidence))
     if seed is not None:
-        children.append(_html(f'<div class="lk-foot">seed {seed} · {step.seconds:.1f} s</div>'))
+        children.append(_html(render_html.render_foot(seed, step.seconds)))
     panel = W.VBox(children)
-    for name in ("lk-live", "lk-step", step.status):
+    for name in ("lk-live", "lk-step", place.status):
         panel.add_class(name)
     return panel
 
@@ -128,7 +130,7 @@ class ProgressBar:
         self.bar.value = progress.passed
         self.title.value = (f'<div class="lk-progress"><b>Your progress in lab {escape(progress.lab)}</b> — '
                             f'<span class="lk-progress-summary">{escape(progress.summary())}</span></div>')
-        self.marks.value = progress.marks_html()
+        self.marks.value = progress.marks_html() + progress.next_html()
 
 
 def quiz_panel(lab: str, questions: list[dict], saved: dict[str, dict],
@@ -143,11 +145,7 @@ def quiz_panel(lab: str, questions: list[dict], saved: dict[str, dict],
         def show(chosen: int, buttons=buttons, question=question, explanation=explanation) -> None:
             for i, (button, option) in enumerate(zip(buttons, question["options"], strict=True)):
                 button.button_style = "success" if option["correct"] else ("danger" if i == chosen else "")
-            explanation.value = ('<div class="lk-quiz"><ol type="a" style="margin:2px 0 8px">' + "".join(
-                f'<li style="color:{"#1b5e20" if o["correct"] else "#b71c1c"}">'
-                f'{"✓" if o["correct"] else "✗"}{" <b>your answer</b>" if i == chosen else ""} '
-                f'<span style="color:#263238">{escape(o["why"])}</span></li>'
-                for i, o in enumerate(question["options"])) + "</ol></div>")
+            explanation.value = f'<div class="lk-quiz" style="margin:2px 0 8px">{why_html(question, chosen)}</div>'
 
         for index, option in enumerate(question["options"]):
             button = W.Button(description=f"{LETTERS[index]}) {option['text']}", layout=W.Layout(width="auto"))

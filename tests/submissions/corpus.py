@@ -36,6 +36,11 @@ class Entry:
     why: str = ""
     data: bytes = b""
     files: dict[str, bytes] = field(default_factory=dict)  # beside the notebook, e.g. work/quiz-*.json
+    lab: str = "outbox"
+    earns: str | None = None  # deserves what this module earns from `labkit check` (same seed)
+    known_gap: str = ""  # graded wrong today, for the reason given: its own (strict xfail) test
+    kind: str = "notebook"  # notebook | symlink (to link_to's notebook) | dirlink | fifo | huge
+    link_to: str = ""
 
     def bytes(self) -> bytes:
         return self.data if self.nb is None else nbformat.writes(self.nb).encode()
@@ -109,11 +114,14 @@ def build(release: NotebookNode, reference: str) -> list[Entry]:
     dup.source = 'print("PASS")'
     dup.id = "copied-check"
     _after(partial, gid_check[steps[2]], dup)
-    quiz = {"lab": lab, "questions": 2, "answered": 1, "correct_first_time": 1,
-            "answers": {"q1": {"choice": 1, "option": "B", "correct": True, "attempts": 1}}}
+    first_question = quiz_key(lab)[0]
+    right = next(i for i, o in enumerate(first_question["options"]) if o["correct"])
+    answered = {"lab": lab, "questions": 5, "answered": 1, "correct_first_time": 1,
+                "answers": {first_question["id"]: {"choice": right, "option": "B", "correct": True,
+                                                   "first_choice": right, "first_correct": True, "attempts": 1}}}
     entries.append(Entry("cleo", "Untitled3.ipynb", partial, frozenset(some),
-                         flags=(f"duplicated:{gid_check[second]}",), quiz=quiz,
-                         files={f"work/quiz-{lab}.json": json.dumps(quiz).encode()},
+                         flags=(f"duplicated:{gid_check[second]}",), quiz=expected_quiz(lab, {first_question["id"]: right}),
+                         files={f"work/quiz-{lab}.json": json.dumps(answered).encode()},
                          why="the first half of the steps solved, a check cell copied and edited, "
                              "the quiz answered in the student's JupyterLab"))
 
@@ -162,7 +170,8 @@ def build(release: NotebookNode, reference: str) -> list[Entry]:
                          why="an infinite loop that ignores the interrupt"))
 
     hog = solved(release, parts, ALL)
-    _after(hog, setup, _code("hog = []\nwhile True:\n    hog.append(bytearray(64 * 2**20))"))
+    # Big chunks: the limit is hit at once, not after seconds of zero-filling pages under load.
+    _after(hog, setup, _code("hog = []\nwhile True:\n    hog.append(bytearray(2**30))"))
     entries.append(Entry("ivy", "01-lab.ipynb", hog, ALL, why="a memory hog (MemoryError under the limit)"))
 
     linger = solved(release, parts, ALL)
@@ -193,10 +202,49 @@ def build(release: NotebookNode, reference: str) -> list[Entry]:
     return entries
 
 
-def write(entries: list[Entry], dest: Path) -> Path:
+def quiz_key(lab: str) -> list[dict]:
+    """The lab's questions with their answer key (`checks/<lab>_quiz.py`)."""
+    from labkit.notebook import quiz
+
+    return quiz.load(lab)
+
+
+def expected_quiz(lab: str, chosen: dict[str, int]) -> dict:
+    """What the gradebook must record for these choices: each `correct` straight from the key."""
+    questions = {q["id"]: q for q in quiz_key(lab)}
+    answers = {}
+    for qid, i in chosen.items():
+        option = questions[qid]["options"][i]
+        answers[qid] = {"choice": i, "option": option["text"], "correct": option["correct"],
+                        "first_choice": i, "first_correct": option["correct"], "attempts": 1}
+    return {"lab": lab, "questions": len(questions), "answered": len(answers),
+            "correct_first_time": sum(1 for a in answers.values() if a["first_correct"]), "answers": answers}
+
+
+def write(entries: list[Entry], dest: Path, outside: Path | None = None) -> Path:
+    """Write the entries as submitted folders; `outside` is a folder beyond `dest` (for links)."""
+    import os
+
+    by_student = {e.student: e for e in entries}
     for entry in entries:
         path = dest / entry.student / entry.filename
         path.parent.mkdir(parents=True, exist_ok=True)
+        if entry.kind == "symlink":
+            victim = by_student[entry.link_to]
+            path.symlink_to(dest / victim.student / victim.filename)
+            continue
+        if entry.kind == "dirlink":
+            assert outside is not None
+            (outside / "foreign").mkdir(parents=True, exist_ok=True)
+            (outside / "foreign" / "01-lab.ipynb").write_bytes(by_student["ada"].bytes())
+            path.symlink_to(outside / "foreign", target_is_directory=True)
+            continue
+        if entry.kind == "fifo":
+            os.mkfifo(path)
+            continue
+        if entry.kind == "huge":
+            path.write_bytes(b" " * (25 * 1024 * 1024))
+            continue
         path.write_bytes(entry.bytes())
         for name, data in entry.files.items():
             (path.parent / name).parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,195 @@
+"""The grading kernel, in a sandbox of its own (`labkit.sandbox.profiles.kernel`).
+
+The kernel runs the whole notebook, student cells included, so it gets what a judge's child
+gets and less: an unprivileged uid, no network at all (a namespace with only `lo`), a private
+size-capped tmpfs as its home and working folder, read-only Python and labkit. nbclient talks
+to it over unix sockets in one folder (`transport="ipc"`): the only host folder it may write
+to, and only until it is ready — then the folder is locked (root's, not writable), so no
+cell can put anything on the grader's disk.
+
+Without a sandbox (`grade --no-sandbox`) the kernel still gets its limits (prlimit) and a
+private environment, but sees and may write whatever the grader may.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import uuid
+from pathlib import Path
+
+from jupyter_client import AsyncKernelManager
+
+from labkit import sandbox
+from labkit.grading.settings import Limits
+from labkit.limits import RUN_MARKER
+from labkit.sandbox import bwrap, profiles
+
+# The kernel's home and working folder inside its sandbox (a private tmpfs).
+HOME = "/home/student"
+
+
+def kernel_env(home: str, marker: str) -> dict[str, str]:
+    """Every default write location inside the kernel's home; the marker that finds it."""
+    return {
+        "HOME": home, "JUPYTER_RUNTIME_DIR": f"{home}/.local/share/jupyter/runtime",
+        "JUPYTER_DATA_DIR": f"{home}/.local/share/jupyter", "JUPYTER_CONFIG_DIR": f"{home}/.jupyter",
+        "JUPYTER_PLATFORM_DIRS": "1", "IPYTHONDIR": f"{home}/.ipython", "MPLCONFIGDIR": f"{home}/.cache",
+        "XDG_CACHE_HOME": f"{home}/.cache", "XDG_CONFIG_HOME": f"{home}/.config",
+        "XDG_DATA_HOME": f"{home}/.local/share", RUN_MARKER: marker,
+    }
+
+
+OUTLINE = '''"""Lab {name!r} as a grading kernel may know it: its steps, titles and points. No checks.
+
+The real checks module is the judge's and is not visible here; the notebook's progress bar
+only needs the outline.
+"""
+
+from labkit.judge.run import LabSpec, StepSpec
+
+
+def _not_here(ctx):
+    raise RuntimeError("the checks run in the judge, not in this kernel")
+
+
+LAB = LabSpec({name!r}, {module_name!r}, {probes!r}, [
+{steps}])
+'''
+
+
+def lab_outline(lab: str, target: Path) -> Path:
+    """A stand-in for `checks/<lab>.py` with the lab's steps and nothing the judge uses."""
+    from labkit import labs
+
+    spec = labs.load(lab)
+    steps = "".join(f"    StepSpec({s.step!r}, {s.title!r}, {s.points!r}, _not_here, requires={tuple(s.requires)!r}),\n"
+                    for s in spec.steps)
+    target.write_text(OUTLINE.format(name=spec.name, module_name=spec.module_name, probes=spec.probes,
+                                     steps=steps), encoding="utf-8")
+    target.chmod(0o644)
+    return target
+
+
+class KernelBox:
+    """One submission's kernels (a fresh one per start attempt) and their sandboxes."""
+
+    def __init__(self, sockets: Path, lab: str, limits: Limits, marker: str, uid: int | None,
+                 shown: dict[Path, str] | None = None):
+        self.sockets, self.lab, self.limits, self.marker = sockets, lab, limits, marker
+        self.uid, self.shown = uid, dict(shown or {})
+        self.boxes: list = []
+        sockets.mkdir(parents=True, exist_ok=True)
+        sockets.chmod(0o700)
+        if self.sandboxed:
+            from labkit.labs import LABS
+
+            outline = lab_outline(lab, sockets.parent / "lab-outline.py")
+            self.shown[outline] = str(profiles.ROOT / (LABS[lab].replace(".", "/") + ".py"))
+
+    @property
+    def sandboxed(self) -> bool:
+        return self.uid is not None
+
+    def home(self) -> str:
+        return HOME if self.sandboxed else str(self.sockets / "home")
+
+    def open(self):
+        """A box for the next kernel start."""
+        if not self.sandboxed:
+            Path(self.home()).mkdir(exist_ok=True)
+            for host, inside in self.shown.items():  # (no outline: it sees the real checks)
+                target = Path(self.home()) / Path(inside).relative_to(HOME)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(host, target)
+            box = sandbox.NullBox()
+        else:
+            policy = profiles.kernel(self.uid, home=HOME, sockets=self.sockets, lab=self.lab,
+                                     shown=self.shown, env=kernel_env(HOME, self.marker),
+                                     memory_bytes=self.limits.kernel_memory,
+                                     file_bytes=self.limits.kernel_file_size)
+            box = sandbox.Box.open(policy, sandbox.support().cgroups)
+        self.boxes.append(box)
+        return box
+
+    def wrap(self, box, cmd: list[str]) -> list[str]:
+        if box.active:
+            return box.command(cmd)
+        limits = [f"--as={self.limits.kernel_memory}", f"--fsize={self.limits.kernel_file_size}", "--core=0"]
+        return [bwrap.tool("prlimit") or "prlimit", *limits, "--", *cmd]
+
+    def env(self) -> dict[str, str]:
+        """The environment the kernel's launcher gets (the sandbox replaces it for the kernel)."""
+        env = dict(os.environ)
+        for name in ("JPY_SESSION_NAME", "NBGRADER_EXECUTION", "PYTEST_CURRENT_TEST"):
+            env.pop(name, None)
+        if not self.sandboxed:
+            env.update(profiles.base_env(self.home()))
+            env.update(kernel_env(self.home(), self.marker))
+            env["TMPDIR"] = self.home()
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(profiles.ROOT), os.environ.get("PYTHONPATH")]))
+        return env
+
+    def lock(self) -> None:
+        """Once the kernel is ready: its socket folder is root's again, and not writable for it."""
+        if self.sandboxed:
+            os.chown(self.sockets, 0, 0)
+            self.sockets.chmod(0o711)
+
+    def interrupt(self) -> bool:
+        """SIGINT to the kernel itself (bwrap would die of it); False when not sandboxed."""
+        if not self.boxes or not self.boxes[-1].active:
+            return False
+        self.boxes[-1].signal(signal.SIGINT)
+        return True
+
+    def kill(self) -> None:
+        """Kill every kernel started so far and everything they started."""
+        from labkit.judge import reaper
+
+        for box in self.boxes:
+            box.kill()
+        reaper.kill_marked(self.marker)
+
+    def close(self) -> None:
+        self.kill()
+        for box in self.boxes:
+            box.close()
+        self.boxes.clear()
+
+    def manager_class(self) -> type[AsyncKernelManager]:
+        owner = self
+
+        class SandboxedKernelManager(AsyncKernelManager):
+            """Starts the kernel through its sandbox; unix sockets in the owner's folder."""
+
+            def __init__(self, **kwargs):
+                super().__init__(**kwargs)
+                self.transport = "ipc"
+                self.ip = str(owner.sockets / f"k{uuid.uuid4().hex[:8]}")
+                self.connection_file = str(owner.sockets / f"kernel-{uuid.uuid4().hex}.json")
+
+            async def _async_pre_start_kernel(self, **kw):
+                cmd, kw = await super()._async_pre_start_kernel(**kw)
+                box = owner.open()  # after the connection file exists: it is handed over too
+                self._labkit_box = box
+                wrapped = owner.wrap(box, cmd)
+                kw["pass_fds"] = (*kw.get("pass_fds", ()), *box.pass_fds)
+                kw["env"] = owner.env()
+                kw["cwd"] = str(owner.sockets) if box.active else owner.home()
+                return wrapped, kw
+
+            async def _async_launch_kernel(self, kernel_cmd, **kw):
+                try:
+                    return await super()._async_launch_kernel(kernel_cmd, **kw)
+                finally:
+                    self._labkit_box.started()
+
+            async def _async_interrupt_kernel(self):
+                if not owner.interrupt():
+                    await super()._async_interrupt_kernel()
+
+            interrupt_kernel = _async_interrupt_kernel
+
+        return SandboxedKernelManager

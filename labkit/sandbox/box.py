@@ -1,0 +1,316 @@
+"""One run of one program in a sandbox: prepare, spawn, then close and say what happened.
+
+    box = Box.open(policy)                 # cgroup made, writable dirs handed to the uid
+    proc = box.spawn(argv, stdout=..., ...)   # subprocess.Popen of the wrapped command line
+    ...                                    # the caller waits, reads pipes, kills on timeout
+    report = box.close(proc)               # everything in it killed, usage read, cgroup gone
+
+The named outcomes (`Outcome`) follow CMS's sandbox statuses. `NullBox` runs the program as
+it is (no sandbox) behind the same interface, so callers never branch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+
+from labkit.sandbox import bwrap, cgroups
+from labkit.sandbox.policy import Policy
+
+# bwrap reports a death by signal N as exit status 128 + N, like a shell.
+SIGNAL_BASE = 128
+
+
+class Outcome(StrEnum):
+    OK = "ok"  # exit status 0
+    NONZERO = "nonzero"  # exited with another status
+    SIGNALED = "signaled"  # killed by a signal
+    MEMORY_LIMIT = "memory-limit"  # the cgroup's memory limit was hit and the kernel killed it
+    # The sandbox never started (no bwrap process: the cgroup could not be joined, bwrap is
+    # missing). A failure inside bwrap's own set-up shows as exit 1 with "bwrap: ..." on stderr.
+    SANDBOX_ERROR = "sandbox-error"
+
+
+@dataclass
+class Report:
+    outcome: Outcome
+    returncode: int | None  # like Popen's: negative = killed by that signal
+    child_pid: int | None = None  # bwrap's first process inside, as the host sees it
+    memory_peak: int | None = None
+    oom_kills: int = 0
+    pids_refused: int = 0
+    leftovers_killed: int = 0
+
+
+def returncode(raw: int | None) -> int | None:
+    """bwrap's exit status → Popen's convention: 128+N (N a signal) → -N; others unchanged."""
+    if raw is not None and SIGNAL_BASE < raw <= SIGNAL_BASE + signal.SIGRTMAX:
+        return -(raw - SIGNAL_BASE)
+    return raw
+
+
+def hand_over(path: Path, uid: int, gid: int) -> None:
+    """Make a dir and what is in it the sandbox uid's, so the program can write there.
+
+    Links are changed, never followed (lchown); nothing outside `path` is touched.
+    """
+    os.lchown(path, uid, gid)
+    for root, dirs, files in os.walk(path):
+        for name in dirs + files:
+            try:
+                os.lchown(os.path.join(root, name), uid, gid)
+            except FileNotFoundError:
+                pass
+
+
+def _reap(pid: int, grace: float = 2.0) -> None:
+    """Collect bwrap's first process inside, which outlives bwrap by a moment.
+
+    When bwrap exits it leaves that process to be re-parented; to a subreaper (the judge is
+    one) it then stays a zombie unless collected. Waits until it is collected or gone.
+    """
+    import time
+
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+            if done:
+                return
+        except ChildProcessError:  # not (yet) ours: gone, or still bwrap's
+            try:
+                with open(f"/proc/{pid}/comm") as fh:
+                    if fh.read().strip() != "bwrap":
+                        return
+            except OSError:
+                return
+        time.sleep(0.002)
+
+
+@dataclass
+class Box:
+    policy: Policy
+    group: cgroups.Group | None = None
+    _status_r: int | None = None
+    _status_w: int | None = None
+    _closed: bool = False
+    _state: dict = field(default_factory=dict)
+    _usage: cgroups.Usage = field(default_factory=cgroups.Usage)
+    _killed: int = 0
+    active: bool = True
+
+    @classmethod
+    def open(cls, policy: Policy, hierarchy: cgroups.Hierarchy | None = None) -> Box:
+        box = cls(policy)
+        if policy.drops_privileges:
+            for path in policy.writable:
+                hand_over(Path(path), policy.uid, policy.gid)
+        if hierarchy is not None and (policy.memory_bytes or policy.max_processes):
+            box.group = cgroups.Group.create(hierarchy, policy.memory_bytes, policy.max_processes)
+        return box
+
+    def command(self, argv: list[str]) -> list[str]:
+        """The wrapped command line; pass `pass_fds` to Popen, then call `started()`."""
+        if self._status_r is None:
+            self._status_r, self._status_w = os.pipe()
+        return bwrap.command(self.policy, argv, cgroup_procs=self.group.procs_files if self.group else (),
+                             status_fd=self._status_w)
+
+    @property
+    def pass_fds(self) -> tuple[int, ...]:
+        return () if self._status_w is None else (self._status_w,)
+
+    def spawn(self, argv: list[str], **popen) -> subprocess.Popen:
+        """Popen the wrapped command (`pass_fds` given are passed on, plus the box's own).
+
+        The process returned reports exit codes like a plain Popen (-N: killed by signal N)
+        and closes the box once it is seen to have ended (`wait`, `poll`).
+        """
+        wrapped = self.command(argv)
+        popen["pass_fds"] = (*popen.get("pass_fds", ()), *self.pass_fds)
+        try:
+            return BoxedPopen(self, wrapped, **popen)
+        except BaseException:
+            self.close()
+            raise
+        finally:
+            self.started()
+
+    def started(self) -> None:
+        """After the Popen: the parent's copy of the status pipe's write end is closed."""
+        if self._status_w is not None:
+            os.close(self._status_w)
+            self._status_w = None
+
+    def kill(self) -> int:
+        """SIGKILL everything in the sandbox now (its cgroup, else its marked processes)."""
+        if self.group is not None:
+            return self.group.kill()
+        pids = self.program_pids()
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        return len(pids)
+
+    def signal(self, signum: int) -> None:
+        """Send `signum` to the program and what it started (bwrap does not pass signals on)."""
+        for pid in self.program_pids():
+            try:
+                os.kill(pid, signum)
+            except ProcessLookupError:
+                pass
+
+    def program_pids(self) -> list[int]:
+        """The sandboxed program and what it started (not bwrap): processes of the box's uid."""
+        if self.group is not None:
+            candidates = self.group.pids()
+        else:
+            from labkit.judge import reaper
+            from labkit.limits import RUN_MARKER
+
+            marker = self.policy.env.get(RUN_MARKER)
+            candidates = set(reaper.marked_pids(marker)) if marker else set()
+        found = []
+        for pid in sorted(candidates):
+            try:
+                if os.stat(f"/proc/{pid}").st_uid == self.policy.uid:
+                    found.append(pid)
+            except OSError:
+                continue
+        return found
+
+    def terminate(self, proc: subprocess.Popen, grace: float) -> None:
+        """SIGTERM the program itself and wait (bounded) for the sandbox to end."""
+        self.signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def _status(self) -> dict:
+        status: dict = {}
+        if self._status_r is None:
+            return status
+        os.set_blocking(self._status_r, False)
+        data = b""
+        try:
+            while chunk := os.read(self._status_r, 65536):
+                data += chunk
+        except BlockingIOError:
+            pass
+        for line in data.decode("utf-8", "replace").splitlines():
+            try:
+                status.update(json.loads(line))
+            except ValueError:
+                continue
+        return status
+
+    def close(self, proc: subprocess.Popen | None = None) -> Report:
+        """Kill what is left in the sandbox, read what it used, remove its cgroup; say how it ended.
+
+        The clean-up runs once; later calls only report again (with the exit status if it is
+        known by then).
+        """
+        if not self._closed:
+            self._closed = True
+            self.started()
+            self._state = self._status()
+            if self._status_r is not None:
+                os.close(self._status_r)
+                self._status_r = None
+            if self.group is not None:
+                self._killed = self.group.kill()
+                self._usage = self.group.usage()
+                self.group.remove()
+                self.group = None
+            if "child-pid" in self._state:
+                _reap(int(self._state["child-pid"]))
+        raw = proc.__dict__.get("_raw_returncode", proc.returncode) if proc is not None else None
+        code = returncode(raw)
+        usage = self._usage
+        if proc is not None and raw is not None and "child-pid" not in self._state:
+            outcome = Outcome.SANDBOX_ERROR
+        elif usage.oom_kills:
+            outcome = Outcome.MEMORY_LIMIT
+        elif code is None or code < 0:
+            outcome = Outcome.SIGNALED
+        else:
+            outcome = Outcome.OK if code == 0 else Outcome.NONZERO
+        return Report(outcome, code, self._state.get("child-pid"), usage.memory_peak, usage.oom_kills,
+                      usage.pids_refused, self._killed)
+
+
+class NullBox:
+    """No sandbox: the same interface, the program runs as it is."""
+
+    active = False
+    group = None
+    pass_fds: tuple[int, ...] = ()
+
+    def command(self, argv: list[str]) -> list[str]:
+        return list(argv)
+
+    def spawn(self, argv: list[str], **popen) -> subprocess.Popen:
+        return subprocess.Popen(list(argv), **popen)
+
+    def started(self) -> None:
+        pass
+
+    def kill(self) -> int:
+        return 0
+
+    def signal(self, signum: int) -> None:
+        pass
+
+    def terminate(self, proc: subprocess.Popen, grace: float) -> None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def close(self, proc: subprocess.Popen | None = None) -> Report:
+        code = proc.returncode if proc is not None else None
+        if code is None or code < 0:
+            outcome = Outcome.SIGNALED
+        else:
+            outcome = Outcome.OK if code == 0 else Outcome.NONZERO
+        return Report(outcome, code)
+
+
+class BoxedPopen(subprocess.Popen):
+    """A Popen of a sandboxed program: faithful exit codes, and the box closed when it ends."""
+
+    def __init__(self, box: Box, args, **popen):
+        self._box = box
+        self.sandbox_report: Report | None = None
+        super().__init__(args, **popen)
+
+    @property
+    def returncode(self) -> int | None:
+        return returncode(self.__dict__.get("_raw_returncode"))
+
+    @returncode.setter
+    def returncode(self, value: int | None) -> None:
+        self.__dict__["_raw_returncode"] = value
+
+    def _ended(self) -> None:
+        if self.__dict__.get("_raw_returncode") is not None and self.sandbox_report is None:
+            self.sandbox_report = self._box.close(self)
+
+    def poll(self):
+        result = super().poll()
+        self._ended()
+        return result
+
+    def wait(self, timeout=None):
+        result = super().wait(timeout)
+        self._ended()
+        return result

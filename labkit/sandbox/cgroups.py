@@ -1,0 +1,200 @@
+"""Per-sandbox control groups: memory (tmpfs and shared memory included) and process count.
+
+A sandbox's group is made below the group the caller itself is in (the machine's delegation
+is respected), its limits written, and its `cgroup.procs` file(s) handed to the command line,
+which joins them before bubblewrap starts. Afterwards everything still in it is killed, what
+it used is read, and the group is removed. cgroup v1 (`memory` and `pids` hierarchies) and
+v2 (the unified hierarchy with those controllers) are both understood.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+MOUNT = Path("/sys/fs/cgroup")
+CONTROLLERS = ("memory", "pids")
+
+
+def _own_groups() -> dict[str, str]:
+    """controller → the caller's group path ("" → v2's unified hierarchy), from /proc/self/cgroup."""
+    found: dict[str, str] = {}
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return found
+    for line in lines:
+        _id, controllers, path = line.split(":", 2)
+        for name in controllers.split(",") if controllers else [""]:
+            found[name] = path
+    return found
+
+
+@dataclass
+class Hierarchy:
+    """Where new groups go for each controller (v1: one dir per controller; v2: one dir)."""
+
+    version: int
+    parents: dict[str, Path]
+
+    @property
+    def dirs(self) -> list[Path]:
+        return list(dict.fromkeys(self.parents.values()))
+
+
+def _writable(path: Path) -> bool:
+    return path.is_dir() and os.access(path, os.W_OK)
+
+
+def find() -> Hierarchy | None:
+    """The hierarchy to use here, or None (no cgroups, or none we may write)."""
+    own = _own_groups()
+    v1 = {name: MOUNT / name / own[name].lstrip("/") for name in CONTROLLERS if name in own}
+    if len(v1) == len(CONTROLLERS) and all(_writable(p) for p in v1.values()):
+        return Hierarchy(1, v1)
+    if "" in own:
+        for base in (MOUNT, MOUNT / "unified"):
+            parent = base / own[""].lstrip("/")
+            try:
+                enabled = (parent / "cgroup.subtree_control").read_text().split()
+            except OSError:
+                continue
+            if all(c in enabled for c in CONTROLLERS) and _writable(parent):
+                return Hierarchy(2, {c: parent for c in CONTROLLERS})
+    return None
+
+
+@dataclass
+class Usage:
+    memory_peak: int | None = None
+    oom_kills: int = 0
+    pids_refused: int = 0  # forks refused at the process limit
+
+
+@dataclass
+class Group:
+    """One sandbox's group(s): made with its limits, joined by the command line, removed after."""
+
+    hierarchy: Hierarchy
+    name: str
+    paths: dict[str, Path] = field(default_factory=dict)
+
+    @classmethod
+    def create(cls, hierarchy: Hierarchy, memory_bytes: int | None, max_processes: int | None,
+               prefix: str = "labkit") -> Group:
+        group = cls(hierarchy, f"{prefix}-{uuid.uuid4().hex[:12]}")
+        for controller, parent in hierarchy.parents.items():
+            path = parent / group.name
+            if path not in group.paths.values():
+                path.mkdir()
+            group.paths[controller] = path
+        try:
+            if hierarchy.version == 1:
+                if memory_bytes:
+                    (group.paths["memory"] / "memory.limit_in_bytes").write_text(str(memory_bytes))
+                    _try_write(group.paths["memory"] / "memory.memsw.limit_in_bytes", str(memory_bytes))
+                if max_processes:
+                    (group.paths["pids"] / "pids.max").write_text(str(max_processes))
+            else:
+                if memory_bytes:
+                    (group.paths["memory"] / "memory.max").write_text(str(memory_bytes))
+                    _try_write(group.paths["memory"] / "memory.swap.max", "0")
+                if max_processes:
+                    (group.paths["pids"] / "pids.max").write_text(str(max_processes))
+        except OSError:
+            group.remove()
+            raise
+        return group
+
+    @property
+    def procs_files(self) -> tuple[Path, ...]:
+        return tuple(dict.fromkeys(p / "cgroup.procs" for p in self.paths.values()))
+
+    def pids(self) -> set[int]:
+        found: set[int] = set()
+        for procs in self.procs_files:
+            try:
+                found.update(int(x) for x in procs.read_text().split())
+            except (OSError, ValueError):
+                pass
+        return found
+
+    def usage(self) -> Usage:
+        mem = self.paths["memory"]
+        usage = Usage()
+        if self.hierarchy.version == 1:
+            usage.memory_peak = _read_int(mem / "memory.max_usage_in_bytes")
+            usage.oom_kills = _read_key(mem / "memory.oom_control", "oom_kill")
+            usage.pids_refused = _read_key(self.paths["pids"] / "pids.events", "max")
+        else:
+            usage.memory_peak = _read_int(mem / "memory.peak")
+            usage.oom_kills = _read_key(mem / "memory.events", "oom_kill")
+            usage.pids_refused = _read_key(self.paths["pids"] / "pids.events", "max")
+        return usage
+
+    def kill(self, grace: float = 2.0) -> int:
+        """SIGKILL every process in the group until it is empty (bounded)."""
+        killed: set[int] = set()
+        if self.hierarchy.version == 2 and _try_write(self.paths["pids"] / "cgroup.kill", "1"):
+            pass
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            pids = self.pids()
+            if not pids:
+                break
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    killed.add(pid)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.005)
+        return len(killed)
+
+    def remove(self, grace: float = 2.0) -> bool:
+        """Remove the group (after `kill`); True when it is gone."""
+        deadline = time.monotonic() + grace
+        remaining = list(dict.fromkeys(self.paths.values()))
+        while remaining:
+            for path in list(remaining):
+                try:
+                    path.rmdir()
+                    remaining.remove(path)
+                except FileNotFoundError:
+                    remaining.remove(path)
+                except OSError:
+                    pass
+            if not remaining or time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
+        return not remaining
+
+
+def _try_write(path: Path, value: str) -> bool:
+    try:
+        path.write_text(value)
+        return True
+    except OSError:
+        return False
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _read_key(path: Path, key: str) -> int:
+    try:
+        for line in path.read_text().splitlines():
+            name, _, value = line.partition(" ")
+            if name == key:
+                return int(value)
+    except (OSError, ValueError):
+        pass
+    return 0

@@ -1,0 +1,179 @@
+"""The course's sandbox policies: a judge's child, a grading kernel, and the judge's own box.
+
+What each one sees is listed here and nowhere else:
+
+- a judge's child (`child`): the Python runtime read-only, the child-side code (labkit's
+  probe, values, limits; the lab's probes module), the student's module file read-only, the
+  step's work folder writable; the judge's network (its servers are reachable);
+- a grading kernel (`kernel`): the runtime, labkit and the lab's quiz read-only, a private
+  tmpfs as its home and working folder, its Jupyter socket folder; no network at all;
+- the judge's own box (`judge_box`): trusted code that starts the children; the runtime,
+  labkit, checks and the module read-only, cgroups writable, a private size-capped tmpfs for
+  every step's files, and a network namespace of its own that no other job can reach.
+
+Never visible to student code: solutions/, notebooks/, the judge-side checks (`checks/<lab>.py`,
+`checks/<lab>_contract.py`, `checks/oracles/`), other submissions, the grader's --out, its
+home directory, other processes.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from labkit import limits
+from labkit.sandbox.policy import MiB, Policy
+
+ROOT = Path(__file__).resolve().parents[2]
+# The child-side code, relative to the repository: everything a child imports from the course.
+CHILD_CODE = ("labkit/__init__.py", "labkit/probe", "labkit/values.py", "labkit/limits.py",
+              "checks/__init__.py")
+# Variables a sandboxed program may keep from its caller's environment (nothing else is passed).
+PASS_THROUGH = ("LANG", "LC_ALL", "LC_CTYPE", "TZ", "PYTHONUNBUFFERED", "PYTHONIOENCODING",
+                "PYTHONHASHSEED")
+TMP_BYTES = 64 * MiB
+KERNEL_SCRATCH_BYTES = 256 * MiB
+JUDGE_TMP_BYTES = 1024 * MiB
+JUDGE_BOX_MEMORY = 6 * 1024 * MiB
+JUDGE_BOX_PROCESSES = 2048
+
+
+def runtime() -> list[Path]:
+    """The Python installation (read-only): the base runtime and the venv with its packages."""
+    paths = [Path(sys.base_prefix).resolve()]
+    prefix = Path(sys.prefix).absolute()
+    if prefix.resolve() != paths[0]:
+        paths.append(prefix)
+    return paths
+
+
+def base_env(home: str = "/tmp") -> dict[str, str]:
+    env = {"PATH": "/usr/bin:/bin", "HOME": home, "TMPDIR": "/tmp", "USER": "student",
+           "LOGNAME": "student", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1",
+           "PYTHONNOUSERSITE": "1"}
+    env.update({k: os.environ[k] for k in PASS_THROUGH if k in os.environ})
+    return env
+
+
+def module_file(name: str) -> Path | None:
+    """Where a dotted module's source is, without importing it."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    return Path(spec.origin) if spec is not None and spec.origin else None
+
+
+def _code(relative: tuple[str, ...] | list[str]) -> list[Path]:
+    return [ROOT / rel for rel in relative if (ROOT / rel).exists()]
+
+
+def _probe_modules() -> list[Path]:
+    """Every lab's child-side probes (`checks/<lab>_probes.py`); never the judge-side checks."""
+    return sorted((ROOT / "checks").glob("*_probes.py"))
+
+
+def child(uid: int, *, module: Path, workdir: Path, code_modules: tuple[str, ...] = (),
+          env: dict[str, str] | None = None) -> Policy:
+    """A judge's child: imports the student's module and runs one probe (or serves `receive`)."""
+    extra = [f for f in map(module_file, code_modules) if f is not None and f.is_relative_to(ROOT)]
+    for name in code_modules:  # a package's __init__ along the way (labkit.servers.warehouse)
+        parts = name.split(".")[:-1]
+        for depth in range(1, len(parts) + 1):
+            init = ROOT.joinpath(*parts[:depth], "__init__.py")
+            if init.exists():
+                extra.append(init)
+    workdir = Path(workdir).resolve()
+    module = Path(module).resolve()
+    # The module as the child sees it: a readable copy (the student's own file may be 0600 and
+    # root's), shown at the module's own path, so paths and tracebacks stay the student's.
+    shown = ((workdir / f".labkit-module-{module.name}", str(module)),)
+    return Policy(
+        uid=uid, gid=uid,
+        read_only=tuple(dict.fromkeys([*runtime(), *_code(CHILD_CODE), *_probe_modules(), *extra])),
+        writable=(workdir,),
+        mapped=shown,
+        cwd=workdir,
+        env={**base_env(), "PYTHONPATH": str(ROOT), **(env or {})},
+        network="shared",
+        tmp_bytes=TMP_BYTES,
+        memory_bytes=limits.CHILD_MEMORY_BYTES,
+        max_processes=128,
+        address_space=limits.CHILD_MEMORY_BYTES,
+        file_bytes=limits.CHILD_FILE_BYTES,
+    )
+
+
+def kernel(uid: int, *, home: str, sockets: Path, lab: str, shown: dict[Path, str],
+           env: dict[str, str], memory_bytes: int, file_bytes: int) -> Policy:
+    """A grading kernel: runs the whole notebook, talks to nbclient over unix sockets only.
+
+    `shown`: host files shown read-only inside its home (e.g. the student's quiz answers).
+    """
+    from labkit.labs import LABS
+
+    quiz = [LABS[lab].replace(".", "/") + "_quiz.py"] if lab in LABS else []
+    return Policy(
+        uid=uid, gid=uid,
+        read_only=tuple(dict.fromkeys([*runtime(), *_code(["labkit", "checks/__init__.py", *quiz])])),
+        writable=(Path(sockets),),
+        mapped=tuple(shown.items()),
+        cwd=Path(home),
+        env={**base_env(home), "PYTHONPATH": str(ROOT), **env},
+        network="private",
+        tmp_bytes=TMP_BYTES,
+        scratch=((home, KERNEL_SCRATCH_BYTES),),
+        memory_bytes=memory_bytes + KERNEL_SCRATCH_BYTES + 2 * TMP_BYTES,
+        max_processes=256,
+        address_space=memory_bytes,
+        file_bytes=file_bytes,
+    )
+
+
+def judge_box(*, module: Path, tmp: str, env: dict[str, str]) -> Policy:
+    """The judge of one job: trusted, root, in its own network; starts sandboxed children.
+
+    Every step's folder is made under its private /tmp (`tmp`), so what children write there
+    is capped by that tmpfs and counted in the job's memory, and goes with the box.
+    """
+    cgroup_root = Path("/sys/fs/cgroup")
+    return Policy(
+        uid=None, gid=None,
+        read_only=tuple(dict.fromkeys([*runtime(), ROOT / "labkit", ROOT / "checks", Path(module).resolve()])),
+        writable=(cgroup_root,) if cgroup_root.is_dir() else (),
+        cwd=Path(tmp),
+        env=env,
+        network="private",
+        tmp_bytes=JUDGE_TMP_BYTES,
+        memory_bytes=JUDGE_BOX_MEMORY,
+        max_processes=JUDGE_BOX_PROCESSES,
+        address_space=None,
+        file_bytes=None,
+    )
+
+
+def child_box(module: Path, workdir: Path, env: dict[str, str], code_modules: tuple[str, ...] = ()):
+    """A box for one judged child (a `NullBox` when the sandbox is off here).
+
+    `env` is the environment the caller made for the child; inside the sandbox the child gets
+    only what the caller set for it on top of its own environment (the marker, its pipes'
+    numbers, a check's proxy variables...), never the judge's environment itself.
+    """
+    from labkit import sandbox
+
+    if not sandbox.enabled():
+        return sandbox.NullBox()
+    own = {k: v for k, v in env.items() if os.environ.get(k) != v}
+    policy = child(sandbox.uid(), module=module, workdir=workdir, code_modules=code_modules, env=own)
+    return sandbox.Box.open(copy_module(policy), sandbox.support().cgroups)
+
+
+def copy_module(policy: Policy) -> Policy:
+    """Make the readable copies a child's policy shows in place of the student's module."""
+    for copy, original in policy.mapped:
+        shutil.copyfile(original, copy)
+        os.chmod(copy, 0o644)
+    return policy

@@ -1,0 +1,417 @@
+"""The sandbox, tried from inside: what student code cannot read, write, signal or reach.
+
+One script (INSIDE) runs in the layout grading uses: a judge's box (its own network and /tmp)
+that starts a judged child in its sandbox (`labkit.sandbox.profiles`), and the child tries
+every forbidden thing, reporting each outcome. Each test below asserts one of them. Then:
+limits that hold (memory in /dev/shm, processes, disk), nothing outliving the box, and exit
+codes and signals passed through faithfully (the lab 03 judge SIGSTOPs a publisher and reads
+its 73/74).
+
+The sandbox needs root and bubblewrap; CI has both (`.ci/run`), so there it never skips.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from labkit import sandbox
+from labkit.judge import reaper
+from labkit.limits import RUN_MARKER
+from labkit.sandbox import Policy, profiles
+from labkit.sandbox.policy import MiB
+
+ROOT = Path(__file__).resolve().parents[1]
+SOLUTION = ROOT / "solutions" / "worker.py"
+# The student's module as grading has it: a copy in the grader's work folder.
+MODULE = Path(tempfile.mkdtemp(prefix="labkit-sandbox-test-")) / "worker.py"
+MODULE.write_text(SOLUTION.read_text())
+MODULE.chmod(0o644)
+MODULE.parent.chmod(0o711)
+
+
+def _require_sandbox() -> None:
+    found = sandbox.support()
+    if not found.ok:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must be able to sandbox: {found.reason}")
+        pytest.skip(f"no sandbox here: {found.reason}")
+
+
+pytestmark = pytest.mark.usefixtures("sandbox_required")
+
+
+@pytest.fixture(scope="module")
+def sandbox_required():
+    _require_sandbox()
+
+
+# --- from inside ------------------------------------------------------------------------------
+
+INSIDE = r'''
+import errno, json, os, signal, socket, sys
+
+targets = json.loads(sys.argv[1])
+results = {}
+
+def outcome(fn):
+    try:
+        fn()
+        return "allowed"
+    except OSError as exc:
+        return f"denied: {errno.errorcode.get(exc.errno, exc.errno)}"
+
+def read(path):
+    with open(path, "rb") as fh:
+        fh.read(1)
+
+def write(path):
+    with open(path, "ab") as fh:
+        fh.write(b"pwned")
+
+def create(folder):
+    with open(os.path.join(folder, "pwned-by-sandbox.txt"), "wb") as fh:
+        fh.write(b"pwned")
+
+for name, path in targets["read"].items():
+    results["read " + name] = outcome(lambda p=path: read(p))
+for name, path in targets["list"].items():
+    try:
+        results["list " + name] = sorted(os.listdir(path))
+    except OSError as exc:
+        results["list " + name] = []
+for name, path in targets["write"].items():
+    results["write " + name] = outcome(lambda p=path: write(p))
+for name, path in targets["create"].items():
+    results["create in " + name] = outcome(lambda p=path: create(p))
+for name, pid in targets["signal"].items():
+    results["signal " + name] = outcome(lambda p=pid: os.kill(p, signal.SIGKILL if p != 1 else signal.SIGTERM))
+for name, port in targets["connect"].items():
+    def connect(port=port):
+        with socket.create_connection(("127.0.0.1", port), timeout=2):
+            pass
+    results["connect to " + name] = outcome(connect)
+
+def fill_tmp():
+    with open("/tmp/fill", "wb") as fh:
+        for _ in range(200):
+            fh.write(b"x" * (1 << 20))
+results["fill /tmp past its size"] = outcome(fill_tmp)
+os.unlink("/tmp/fill")
+
+results["uid"] = os.getuid()
+results["gid"] = os.getgid()
+results["groups"] = os.getgroups()
+with open("/proc/self/status") as fh:
+    results["CapEff"] = [l.split()[1] for l in fh if l.startswith("CapEff")][0]
+results["environ"] = sorted(os.environ)
+results["processes"] = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
+print(json.dumps(results))
+'''
+
+# The judge's side, inside its box: make a step folder, start the child in its sandbox.
+DRIVER = r'''
+import json, os, subprocess, sys, tempfile
+from pathlib import Path
+from labkit.sandbox import profiles
+workdir = Path(tempfile.mkdtemp(prefix="labkit-"))
+(workdir / "inside.py").write_text(sys.argv[1])
+box = profiles.child_box(Path(sys.argv[3]), workdir, {"LABKIT_RUN": "inside-test"})
+proc = box.spawn([sys.executable, str(workdir / "inside.py"), sys.argv[2]], stdout=subprocess.PIPE,
+                 stderr=subprocess.PIPE, cwd=workdir, start_new_session=True)
+out, err = proc.communicate(timeout=60)
+print(json.dumps({"child": out.decode(), "stderr": err.decode()[-2000:], "box": type(box).__name__,
+                  "judge_env_marker": os.environ.get("LABKIT_TEST_SECRET")}))
+'''
+
+
+def _listen() -> socket.socket:
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    return server
+
+
+@pytest.fixture(scope="module")
+def inside(tmp_path_factory):
+    """Run INSIDE in a child sandbox nested in a judge's box; return what it found."""
+    _require_sandbox()
+    tmp = tmp_path_factory.mktemp("sandbox")
+    other = tmp / "submissions" / "victim"
+    other.mkdir(parents=True)
+    (other / "01-outbox.ipynb").write_text("{}")
+    out = tmp / "out" / ".results"
+    out.mkdir(parents=True)
+    (out / "victim--outbox.json").write_text("{}")
+    neighbour = tmp / "neighbour-step"  # another job's (or step's) folder
+    neighbour.mkdir()
+    (neighbour / "source.db").write_text("x")
+    host_server = _listen()
+    neighbour_proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    targets = {
+        "read": {"solutions/": str(SOLUTION), "notebooks/source/": str(ROOT / "notebooks/source/01-outbox.md"),
+                 "the judge-side checks": str(ROOT / "checks/outbox.py"),
+                 "another submission": str(other / "01-outbox.ipynb"),
+                 "--out's results": str(out / "victim--outbox.json"),
+                 "another step's folder": str(neighbour / "source.db"),
+                 "the grader's home": str(Path.home() / ".bashrc") if (Path.home() / ".bashrc").exists()
+                 else str(Path.home()),
+                 "/etc/shadow": "/etc/shadow",
+                 "the grader's environment (/proc/<judge>/environ)": f"/proc/{os.getpid()}/environ"},
+        "list": {"the grader's home": str(Path.home()), "the repository": str(ROOT),
+                 "solutions/ (folder)": str(ROOT / "solutions"), "checks/": str(ROOT / "checks"),
+                 "/": "/", "/etc": "/etc"},
+        "write": {"the course's own labkit": str(ROOT / "labkit" / "__init__.py"),
+                  "the venv's packages": str(profiles.runtime()[-1] / "pyvenv.cfg"),
+                  "the Python runtime": str(Path(sys.base_prefix).resolve() / "lib/python3.11/os.py"),
+                  "the student's own module (read-only)": str(MODULE)},
+        "create": {"labkit/": str(ROOT / "labkit"), "--out": str(out), "the submissions": str(other),
+                   "the venv": str(profiles.runtime()[-1]), "/etc": "/etc", "the grader's home": str(Path.home())},
+        "signal": {"the grader (pytest)": os.getpid(), "another job's process": neighbour_proc.pid,
+                   "bwrap's init (pid 1)": 1},
+        "connect": {"a server on the host's loopback": host_server.getsockname()[1]},
+    }
+    env = {**os.environ, "LABKIT_TEST_SECRET": "the-judges-secret", sandbox.MODE_ENV: "on"}
+    policy = profiles.judge_box(module=MODULE, tmp="/tmp", env=env)
+    box = sandbox.Box.open(policy, sandbox.support().cgroups)
+    try:
+        proc = box.spawn([sys.executable, "-c", DRIVER, INSIDE, json.dumps(targets), str(MODULE)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        box.close()
+        host_server.close()
+        neighbour_proc.kill()
+        neighbour_proc.wait()
+    assert proc.returncode == 0, stderr.decode()[-3000:]
+    report = json.loads(stdout)
+    assert report["box"] == "Box" and report["judge_env_marker"] == "the-judges-secret"
+    assert report["child"], report["stderr"]
+    found = json.loads(report["child"])
+    found["_host_files"] = {p: os.path.exists(os.path.join(p, "pwned-by-sandbox.txt"))
+                            for p in targets["create"].values()}
+    found["_targets"] = targets
+    return found
+
+
+FORBIDDEN = [
+    "read solutions/", "read notebooks/source/", "read the judge-side checks", "read another submission",
+    "read --out's results", "read another step's folder", "read the grader's home", "read /etc/shadow",
+    "read the grader's environment (/proc/<judge>/environ)",
+    "write the course's own labkit", "write the venv's packages", "write the Python runtime",
+    "write the student's own module (read-only)",
+    "create in labkit/", "create in --out", "create in the submissions", "create in the venv", "create in /etc",
+    "create in the grader's home",
+    "signal the grader (pytest)", "signal another job's process", "signal bwrap's init (pid 1)",
+    "connect to a server on the host's loopback",
+    "fill /tmp past its size",
+]
+
+
+@pytest.mark.parametrize("thing", FORBIDDEN)
+def test_student_code_cannot(inside, thing):
+    assert inside[thing].startswith("denied"), f"{thing}: {inside[thing]}"
+
+
+# What a listing may show: only what the sandbox binds (the runtime's path, the child-side code).
+VISIBLE = {
+    "list the grader's home": lambda names: set(names) <= {".pyenv"},
+    "list the repository": lambda names: set(names) <= {"labkit", "checks", ".venv"},
+    "list solutions/ (folder)": lambda names: names == [],
+    "list checks/": lambda names: set(names) <= {"__init__.py"} | {p.name for p in ROOT.glob("checks/*_probes.py")},
+    "list /": lambda names: set(names) <= {"bin", "dev", "etc", "lib", "lib32", "lib64", "libx32", "proc", "root",
+                                          "sbin", "tmp", "usr", *{p.split("/")[1] for p in (str(ROOT), sys.base_prefix)}},
+    "list /etc": lambda names: set(names) <= {"hosts", "localtime", "nsswitch.conf", "ssl"},
+}
+
+
+@pytest.mark.parametrize("listing", sorted(VISIBLE))
+def test_a_listing_shows_only_what_the_sandbox_binds(inside, listing):
+    assert VISIBLE[listing](inside[listing]), f"{listing}: {inside[listing]}"
+
+
+def test_nothing_the_sandbox_created_reached_the_host(inside):
+    assert not any(inside["_host_files"].values()), inside["_host_files"]
+
+
+def test_student_code_runs_as_an_unprivileged_uid_with_no_capabilities_and_no_groups(inside):
+    assert inside["uid"] == sandbox.uid() != 0
+    assert inside["gid"] == sandbox.uid() and inside["groups"] == []
+    assert int(inside["CapEff"], 16) == 0
+
+
+def test_student_code_gets_no_judge_environment_and_sees_only_its_own_processes(inside):
+    assert "LABKIT_TEST_SECRET" not in inside["environ"] and "LABKIT_GRADE_JOB" not in inside["environ"]
+    assert RUN_MARKER in inside["environ"]
+    assert max(inside["processes"]) < 10, inside["processes"]  # bwrap's init, the child: a pid namespace
+
+
+# --- limits that hold, nothing that outlives the box ----------------------------------------------
+
+
+def _run(policy: Policy, code: str, timeout: float = 60) -> tuple[subprocess.CompletedProcess, sandbox.Report]:
+    box = sandbox.Box.open(profiles.copy_module(policy), sandbox.support().cgroups)
+    proc = box.spawn([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                     start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        report = box.close(proc)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out.decode(), err.decode()), report
+
+
+def _policy(tmp_path: Path, **overrides) -> Policy:
+    base = profiles.child(sandbox.uid(), module=MODULE, workdir=tmp_path,
+                          env={RUN_MARKER: overrides.pop("marker", "limits-test")})
+    return Policy(**{**base.__dict__, **overrides})
+
+
+def test_shared_memory_counts_against_the_memory_limit(tmp_path):
+    if sandbox.support().cgroups is None:
+        pytest.skip("no cgroups here: /dev/shm is capped by its tmpfs size only")
+    policy = _policy(tmp_path, memory_bytes=96 * MiB, tmp_bytes=512 * MiB, address_space=None)
+    code = "f = open('/dev/shm/hog', 'wb')\nfor _ in range(400):\n    f.write(b'x' * 2**20); f.flush()\nprint('survived')"
+    done, report = _run(policy, code)
+    assert "survived" not in done.stdout
+    assert report.outcome == sandbox.Outcome.MEMORY_LIMIT, (report, done.stderr[-500:])
+
+
+def test_a_fork_bomb_stops_at_the_process_limit(tmp_path):
+    if sandbox.support().cgroups is None:
+        pytest.skip("no cgroups here")
+    policy = _policy(tmp_path, max_processes=20)
+    code = textwrap.dedent("""
+        import os, time
+        made = 0
+        for _ in range(200):
+            try:
+                if os.fork() == 0:
+                    time.sleep(30); os._exit(0)
+                made += 1
+            except OSError:
+                break
+        print(made)
+    """)
+    done, report = _run(policy, code)
+    assert int(done.stdout.strip()) < 20
+    assert report.pids_refused >= 1
+
+
+def test_a_file_cannot_grow_past_the_file_size_limit(tmp_path):
+    policy = _policy(tmp_path, file_bytes=1 * MiB)
+    code = "import os\ntry:\n    open('big', 'wb').write(b'x' * (2 * 2**20))\nexcept OSError as e:\n    print('refused', e.errno)"
+    done, _ = _run(policy, code)
+    assert "refused" in done.stdout, done.stderr[-500:]
+    assert (tmp_path / "big").stat().st_size <= 1 * MiB
+
+
+def test_a_setsid_grandchild_with_an_empty_environment_dies_with_the_box(tmp_path):
+    """The marker-based reaper alone misses this one (issue 9: 'outlive its job')."""
+    code = textwrap.dedent("""
+        import os, sys, time
+        if os.fork() == 0:
+            os.setsid()
+            if os.fork() == 0:
+                os.execve(sys.executable, [sys.executable, "-c", "import time; time.sleep(600)"], {})
+            os._exit(0)
+        time.sleep(0.5)
+        print("parent done")
+    """)
+    before = _sandbox_uid_processes()
+    done, _ = _run(_policy(tmp_path), code)
+    assert "parent done" in done.stdout
+    deadline = time.monotonic() + 5
+    while _sandbox_uid_processes() - before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _sandbox_uid_processes() - before == set()
+
+
+def _sandbox_uid_processes() -> set[int]:
+    found = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.stat(f"/proc/{entry}").st_uid == sandbox.uid():
+                    found.add(int(entry))
+            except OSError:
+                pass
+    return found
+
+
+def test_the_cgroup_is_removed_after_the_run(tmp_path):
+    hierarchy = sandbox.support().cgroups
+    if hierarchy is None:
+        pytest.skip("no cgroups here")
+    box = sandbox.Box.open(profiles.copy_module(_policy(tmp_path)), hierarchy)
+    paths = list(box.group.paths.values())
+    proc = box.spawn([sys.executable, "-c", "pass"])
+    proc.wait()
+    assert all(not p.exists() for p in paths)
+
+
+# --- exit codes and signals, as the judge sees them ---------------------------------------------
+
+
+def _child(tmp_path: Path, code: str, marker: str):
+    box = profiles.child_box(MODULE, tmp_path, {RUN_MARKER: marker})
+    return box.spawn([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                     cwd=tmp_path, start_new_session=True)
+
+
+@pytest.mark.parametrize("code", [0, 3, 73, 74, 1])
+def test_exit_codes_pass_through(tmp_path, code):
+    proc = _child(tmp_path, f"import os; os._exit({code})", uuid.uuid4().hex)
+    assert proc.wait(timeout=30) == code
+
+
+def test_a_sigkill_from_outside_reads_as_minus_9(tmp_path):
+    marker = uuid.uuid4().hex
+    proc = _child(tmp_path, "import time; print('up', flush=True); time.sleep(60)", marker)
+    assert proc.stdout.readline() == b"up\n"
+    pids = reaper.marked_pids(marker)
+    assert len(pids) == 1
+    os.kill(pids[0], signal.SIGKILL)
+    assert proc.wait(timeout=30) == -signal.SIGKILL
+
+
+def test_the_judge_can_stop_and_continue_the_real_process(tmp_path):
+    """Lab 03 freezes a publisher from outside: found by its marker, it really stops."""
+    marker = uuid.uuid4().hex
+    code = "import time\nprint('up', flush=True)\nfor i in range(30):\n    print(i, flush=True); time.sleep(0.05)\nimport os; os._exit(74)"
+    proc = _child(tmp_path, code, marker)
+    assert proc.stdout.readline() == b"up\n"
+    (pid,) = reaper.marked_pids(marker)
+    os.kill(pid, signal.SIGSTOP)
+    time.sleep(0.2)
+    with open(f"/proc/{pid}/stat") as fh:
+        assert fh.read().split(")")[1].split()[0] == "T"
+    os.kill(pid, signal.SIGCONT)
+    assert proc.wait(timeout=30) == 74
+    assert proc.stdout.read().split()[-1] == b"29"
+
+
+def test_a_self_inflicted_signal_reads_as_that_signal(tmp_path):
+    proc = _child(tmp_path, "import os, signal; os.kill(os.getpid(), signal.SIGTERM)", uuid.uuid4().hex)
+    assert proc.wait(timeout=30) == -signal.SIGTERM
+
+
+def test_the_policy_never_binds_what_student_code_must_not_see():
+    policy = profiles.child(sandbox.uid(), module=MODULE, workdir=Path(tempfile.gettempdir()))
+    seen = [str(p) for p in (*policy.read_only, *policy.writable, *(dest for _, dest in policy.mapped))]
+    for secret in ("solutions", "notebooks", "checks/outbox.py", "checks/vending.py", "tests"):
+        assert not any(s == str(ROOT / secret) or s.startswith(str(ROOT / secret) + "/") for s in seen), secret
+    assert str(MODULE) in seen
