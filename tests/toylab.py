@@ -77,4 +77,6 @@ def install(monkeypatch, folder: Path, catalogue: dict[str, str] | None = None) 
     monkeypatch.setitem(labs.MODULE_FILES, "toy", "toy.py")
     monkeypatch.setattr(coverage, "ROOT", folder)
     monkeypatch.setattr(coverage, "CATALOGUE", folder / "wrong_solutions")
+    # The toy course is the toy lab alone: the course's own labs have no reference under `folder`.
+    monkeypatch.setattr(coverage, "contract_labs", lambda: ["toy"])
     return wrong_dir
