@@ -15,8 +15,7 @@ QUIZ = [
              "why": "The claim is one transaction under the write lock: the file never holds two live leases "
                     "on a row. The problem is not two leases at once, it is a holder that no longer knows its "
                     "lease is gone."},
-            {"text": "Because a lease can run out while its owner is frozen: A woke up, still believed it owned "
-                     "the row, and nothing in the lease told it otherwise.",
+            {"text": "Because A's lease ran out while A was frozen, and on waking A still believed it held it.",
              "correct": True,
              "why": "Right. A process cannot notice its own pause. Only something checked at the moment it "
                     "acts can stop it: the token, compared by the outbox in complete."},
@@ -24,7 +23,7 @@ QUIZ = [
              "correct": False,
              "why": "A frozen process renews nothing. Any pause longer than the renewal interval ends the "
                     "same way, and pauses of seconds happen (garbage collection, a stalled VM, SIGSTOP)."},
-            {"text": "Because SQLite stores lease_until as a REAL, which is too imprecise for short leases.",
+            {"text": "Because SQLite stores lease_until as a REAL, which is far too imprecise for short leases.",
              "correct": False,
              "why": "A REAL holds the time to well under a microsecond. The lease ran out correctly; A simply "
                     "was not running to see it."},
@@ -43,14 +42,15 @@ QUIZ = [
              "correct": False,
              "why": "It is slower, if anything. The counter is in the file for correctness: it is the only "
                     "place every publisher, and every restart of one, sees the same last value."},
-            {"text": "Because every row of one claim must carry the same token, and only the file can do that.",
+            {"text": "Because every row of one claim must carry the same token, and only the file can ever do that.",
              "correct": False,
              "why": "Each claimed row takes its own new token (last + 1, stored back). The point is that no "
                     "token is ever handed out twice, on any row, by any process."},
-            {"text": "Because a counter in memory starts again at 1 in every process: a new owner could get "
-                     "token 1 while the stale owner still holds 7, and the stale one would look newer.",
+            {"text": "Because a counter in memory restarts in each process: a new owner could get a smaller token.",
              "correct": True,
-             "why": "Right. A token is only useful if a later claim always has a larger one, across processes, "
+             "why": "Right. A new owner could get token 1 while the stale owner still holds 7, and the stale "
+                    "one would look newer. A token is only useful if a later claim always has a larger one, "
+                    "across processes, "
                     "restarts and crashes. One counter in the file, updated in the claim's transaction, "
                     "guarantees it."},
         ],
@@ -59,12 +59,11 @@ QUIZ = [
         "id": "quarantine-cost",
         "question": "The refused event was quarantined, and the events behind it went on. What did that cost?",
         "options": [
-            {"text": "Order: later events reached the warehouse first, and the quarantined one arrived after "
-                     "them once redriven. Consumers must cope, and operators must know which.",
+            {"text": "Order: later events reached the warehouse first, and the redriven one arrived after them.",
              "correct": True,
              "why": "Right. The judge printed the events delivered out of seq order. Quarantine trades the "
                     "order of delivery for progress, and that trade has to be visible and alarmed on."},
-            {"text": "Nothing: a quarantined event is counted as handled, so the warehouse stays consistent.",
+            {"text": "Nothing: a quarantined event is counted as handled, so the warehouse stays fully consistent.",
              "correct": False,
              "why": "Quarantined is not sent. The warehouse never saw that order until the redrive; counting "
                     "it as handled would hide an undelivered order from everyone."},
@@ -90,8 +89,7 @@ QUIZ = [
              "correct": False,
              "why": "One draw each way would do. Equal jitter is refused because half of every wait is fixed, "
                     "so retries still bunch up; full jitter uses the whole range."},
-            {"text": "Because waits spread over the whole range keep failed rows from returning together, and "
-                     "the given Random replays the same waits from the same seed.",
+            {"text": "Because spread-out waits keep failed rows apart, and the given Random replays them by seed.",
              "correct": True,
              "why": "Right. Full jitter breaks up a retry storm; drawing only from the Random you were given "
                     "makes every wait reproducible, so a test (and you, debugging) can replay them."},
@@ -110,8 +108,7 @@ QUIZ = [
              "correct": False,
              "why": "The warehouse knows nothing about leases: it answered the late request with an ACK. "
                     "Only its inbox (a duplicate ID) and the outbox's token check stopped any damage."},
-            {"text": "The warehouse's inbox saw a duplicate and the token kept the outbox right; a receiver "
-                     "that acts on each request, checking neither ID nor token, would act twice.",
+            {"text": "The inbox saw a duplicate ID; a receiver checking neither ID nor token would act twice.",
              "correct": True,
              "why": "Right. Fencing protects the store that checks the token. Every other side effect needs "
                     "its own protection: an idempotent receiver, or a receiver that checks tokens too."},
