@@ -24,6 +24,7 @@ class DeliveryError(Exception):
 
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*\Z")
+LONGEST = {"id": 64, "sku": 32}  # the most characters of each name
 
 
 def canonical(event):
@@ -33,20 +34,16 @@ def canonical(event):
 
 def validate_event(event):
     """Lab 01's rules: a new dict with exactly id, sku and qty, or ValueError."""
-    if type(event) is not dict:
-        raise ValueError("an event must be a dict")
-    if set(event) != {"id", "sku", "qty"}:
-        raise ValueError(f"an event has exactly the keys id, sku, qty; got {sorted(map(str, event))}")
-    for key, longest in (("id", 64), ("sku", 32)):
-        value = event[key]
-        if type(value) is not str or not 1 <= len(value) <= longest:
-            raise ValueError(f"{key} must be a str of 1-{longest} characters")
-        if not value.isascii() or not NAME.match(value):
-            raise ValueError(f"{key} has a character that is not allowed: {value!r}")
-    qty = event["qty"]
-    if type(qty) is not int or not 1 <= qty <= 1000:
-        raise ValueError(f"qty must be an int from 1 to 1000, not {qty!r}")
-    return {"id": event["id"], "sku": event["sku"], "qty": qty}
+    if type(event) is not dict or event.keys() != {"id", "sku", "qty"}:
+        raise ValueError("an event is a dict with exactly the keys id, sku and qty")
+    for key, most in LONGEST.items():
+        name = event[key]
+        if type(name) is not str or len(name) > most or not (name.isascii() and NAME.match(name)):
+            raise ValueError(f"{key} is 1-{most} letters, digits, '.', '_' or '-', the first a letter "
+                             f"or a digit; got {name!r}")
+    if type(event["qty"]) is not int or event["qty"] not in range(1, 1001):
+        raise ValueError(f"qty is an int from 1 to 1000; got {event['qty']!r}")
+    return {key: event[key] for key in ("id", "sku", "qty")}
 
 
 @contextmanager
