@@ -432,8 +432,19 @@ def _pill_cases(ctx: StepContext, scene: Scene, reason: str) -> list[Case]:
         _case("every event applied exactly once, none lost, attempts as expected",
               "the judge reads both outboxes and the warehouse's log",
               "7 events applied once each and sent; attempts 2 for snack-1 and snack-2, 3 for the flaky one, 1 for "
-              "the others (the redriven one counts from its redrive)", "final.applied-once", _once(scene)),
+              "the others (the redriven one counts from its redrive)", "final.applied-once",
+              _unwritten(ctx, scene) or _once(scene)),
     ]
+
+
+def _unwritten(ctx: StepContext, scene: Scene) -> Miss | None:
+    """A publisher still running the skeleton (or missing a function) delivers nothing: the whole
+    run cannot be judged yet, and its own case already says which step is missing."""
+    for label, run in scene.runs.items():
+        problem = _problem(run, label, ctx.timeout, "redrive" if label == "D" else "relay")
+        if problem is not None and problem.outcome in (Outcome.NOT_IMPLEMENTED, Outcome.MISSING):
+            return Miss(f"not checked: {problem.got}", outcome=Outcome.NOT_REACHED)
+    return None
 
 
 def _quarantined(scene: Scene, reason: str) -> Miss | None:
