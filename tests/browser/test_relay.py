@@ -1,36 +1,38 @@
 """Lab 03 in a real JupyterLab: the solved notebook's final check shows the crash timeline with
 both publishers, the warehouse, the outbox and the tokens.
 
-Reuses the server, browser and page helpers of tests/browser/test_jupyterlab.py (imported, not
-copied: fixtures included), and the solved-notebook builder of tests/test_display.py.
+Reuses the server, browser and page fixtures (conftest.py) and helpers (driver.py) of the browser
+tests, and the solved-notebook builder of tests/test_display.py.
 """
 
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import pytest
 
-from test_display import SOURCES, solved_notebook  # noqa: E402
-from test_jupyterlab import (  # noqa: E402, F401  (browser, lab, page: fixtures; pytestmark: the marks)
+pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+
+from driver import (  # noqa: E402
+    BROWSER_MARKS,
+    ROOT,
     RUN_TIMEOUT_MS,
-    browser,
-    lab,
     open_and_run_all,
-    page,
     place,
-    pytestmark,
     shot,
     wait_for_panels,
 )
 
+sys.path.insert(0, str(ROOT / "tests"))
+
+from test_display import SOURCES, solved_notebook  # noqa: E402
+
+pytestmark = BROWSER_MARKS
+
 RELAY = SOURCES / "03-relay.md"
 
 
-def test_relay_final_check_shows_both_publishers_on_the_timeline(lab, page, tmp_path):  # noqa: F811
+def test_relay_final_check_shows_both_publishers_on_the_timeline(lab, page, tmp_path):
     checks = place(lab, solved_notebook(RELAY, tmp_path), "03-relay.ipynb")
     open_and_run_all(page, lab, "03-relay.ipynb")
     wait_for_panels(page, checks)
