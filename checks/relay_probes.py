@@ -192,7 +192,9 @@ def race(mod, args: dict) -> None:
     """
     sync, me, peers = Path(args["sync"]), args["owner"], args["peers"]
     mine = sync / f"trace-{me}"
-    con = plain(args["db"], timeout=5.0)
+    # A correct claim waits for its peer's write lock; on a loaded machine the holder may not run
+    # for seconds. The child's own time limit bounds this wait, not the busy timeout.
+    con = plain(args["db"], timeout=15.0)
     state = {"armed": False, "locked": False}
 
     def peer_allows(peer: str) -> bool:
