@@ -1,12 +1,15 @@
 """Benchmark `python -m labkit grade` against itself unsandboxed, plain execution and nbgrader.
 
     python benchmarks/grading.py [--n 20] [--jobs 2] [--nbgrader-python PATH] [--skip-nbgrader]
+                                 [--before DIR] [--skip-bare]
 
 Builds N submissions of the released lab from the corpus generator (the reference, partial
 solutions and untouched copies, in turn), then times:
 
 1. `python -m labkit grade SUBS --out DIR --jobs J` (restore, execute, judge, feedback,
    gradebook), with the sandbox (every child and kernel in bubblewrap, each judge in a box);
+   with `--before DIR` (an earlier commit unpacked: `git archive REV | tar -x -C DIR`), that
+   commit's `grade` on the same notebooks too: before and after in one run;
 2. the same with `--no-sandbox` (where the machine can sandbox; skipped otherwise);
 3. plain `jupyter nbconvert --execute` of the same notebooks, split over J processes
    (each check cell then runs the judge inside the kernel, as for a student);
@@ -111,6 +114,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--nbgrader-python", help="an interpreter with nbgrader installed")
     ap.add_argument("--skip-nbgrader", action="store_true")
+    ap.add_argument("--before", type=Path, help="a checkout of an earlier commit (git archive REV | tar -x -C DIR): "
+                    "its `grade` is timed on the same submissions in the same run")
+    ap.add_argument("--skip-bare", action="store_true", help="do not time --no-sandbox")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="labkit-bench-") as name:
         tmp = Path(name)
@@ -124,8 +130,15 @@ def main(argv: list[str] | None = None) -> int:
         sandboxed = sandbox.support().ok
         grade = timed("labkit grade" + (" (sandboxed)" if sandboxed else " (no sandbox here)"),
                       [[*grade_cmd, "--out", str(tmp / "out"), *([] if sandboxed else ["--no-sandbox"])]], env, tmp)
+        before = None
+        if args.before is not None:
+            old_env = dict(env, PYTHONPATH=os.pathsep.join([str(args.before.resolve()), env["PYTHONPATH"]]),
+                           LABKIT_RELEASE_DIR=str(args.before.resolve() / "notebooks"))
+            before = timed(f"labkit grade of {args.before} (before)",
+                           [[*grade_cmd, "--out", str(tmp / "out-before"), *([] if sandboxed else ["--no-sandbox"])]],
+                           old_env, tmp)
         bare = None
-        if sandboxed:
+        if sandboxed and not args.skip_bare:
             bare = timed("labkit grade --no-sandbox", [[*grade_cmd, "--out", str(tmp / "out-bare"), "--no-sandbox"]],
                          env, tmp)
         chunks = [paths[i::args.jobs] for i in range(args.jobs)]
@@ -142,6 +155,9 @@ def main(argv: list[str] | None = None) -> int:
             print("nbgrader: not installed (pass --nbgrader-python), skipped")
         print()
         print(f"labkit grade:        {args.n / grade * 60:6.1f} submissions/minute")
+        if before is not None:
+            print(f"  before:            {args.n / before * 60:6.1f} submissions/minute")
+            print(f"after / before:      {grade / before:6.2f}x   (time; <= 1 keeps or beats the earlier rate)")
         if bare is not None:
             print(f"  --no-sandbox:      {args.n / bare * 60:6.1f} submissions/minute")
             print(f"sandbox cost:        {grade / bare:6.2f}x   (target <= 1.15x)")

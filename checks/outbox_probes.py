@@ -1,18 +1,27 @@
-"""Lab `outbox`, child side: drive the student's `worker` and report what happened.
+"""Lab `outbox`, child side: drive the student's `worker` and report what came back.
 
-Everything here runs inside a child process with the student's module loaded. It only
-calls and observes; the judge (`checks/outbox.py`) decides what is right.
+Everything here runs inside a child process with the student's module loaded, so a report
+from here is evidence about return values and arguments only. Where a rule is about state
+(can another connection write now, is the row marked yet, was the socket closed), the probe
+asks the judge to look for itself at that moment: `see(...)` is a real HTTP request to the
+judge's witness endpoint, and the judge's handler does the looking. This module imports only
+what a child may see (labkit.probe, labkit.values): never the judge's side.
 """
 
 from __future__ import annotations
 
-import copy
+import http.client
+import inspect
+import json
 import os
 import sqlite3
 import time
+from urllib.parse import urlsplit
 
 from labkit import probe
 from labkit.values import decode, encode
+
+WITNESS_TIMEOUT = 10.0  # the judge's look is bounded well below this
 
 
 def plain(path: str, timeout: float = 1.0) -> sqlite3.Connection:
@@ -20,104 +29,244 @@ def plain(path: str, timeout: float = 1.0) -> sqlite3.Connection:
     return sqlite3.connect(path, isolation_level=None, timeout=timeout)
 
 
+def see(url: str, case: str, point: str, **said) -> dict:
+    """Ask the judge to look now; returns its answer ({} when it could not be reached)."""
+    parts = urlsplit(url)
+    body = json.dumps({"case": case, "point": point, **said}).encode()
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=WITNESS_TIMEOUT)
+    try:
+        conn.request("POST", parts.path, body, {"Content-Type": "application/json"})
+        response = conn.getresponse()
+        return json.loads(response.read() or b"{}")
+    except Exception as exc:  # whatever went wrong, the judge will see no sighting: that is the verdict
+        return {"witness_error": f"{type(exc).__name__}: {exc}"}
+    finally:
+        conn.close()
+
+
+def _usable(con: sqlite3.Connection) -> bool:
+    try:
+        con.execute("SELECT 1").fetchall()
+        return True
+    except sqlite3.Error:
+        return False
+
+
+# --- step 1 -------------------------------------------------------------------------------
+
+
+def validating(mod, args: dict) -> None:
+    """Step 1: each case is one or more calls of validate_event; every call is reported."""
+    fn = probe.function(mod, "validate_event")
+    for case in args["cases_spec"]:
+        probe.started(case["name"])
+        calls = []
+        for encoded in case["inputs"]:
+            value = decode(encoded)
+            before = encode(value)
+            outcome, result = probe.call_keep(fn, value)
+            calls.append({"input": encoded, "outcome": outcome, "received": probe.received([value]),
+                          "input_changed": encode(value) != before,
+                          "returned_input": outcome["kind"] == "returned" and result is value})
+        first = calls[0]["outcome"] if calls else {"kind": "returned", "value": encode(None)}
+        # every call's argument, one after the other: a case of several calls received all of them
+        probe.report(case["name"], first, received=[r for c in calls for r in c["received"]], calls=calls)
+
+
+# --- step 2 -------------------------------------------------------------------------------
+
+
+def _describe_connection(con) -> dict:
+    """The returned object, as far as it is a connection (a closed one answers nothing)."""
+    if not isinstance(con, sqlite3.Connection):
+        return {"connection": False}
+    seen: dict = {"connection": True, "usable": _usable(con)}
+    if not seen["usable"]:
+        return seen
+    try:
+        seen["isolation_level"] = encode(con.isolation_level)
+        seen["busy_timeout"] = con.execute("PRAGMA busy_timeout").fetchone()[0]
+        files = [row[2] for row in con.execute("PRAGMA database_list") if row[1] == "main"]
+        seen["file"] = os.path.realpath(files[0]) if files and files[0] else ""
+    except sqlite3.Error as exc:
+        seen["error"] = f"{type(exc).__name__}: {exc}"
+    return seen
+
+
 def stores(mod, args: dict) -> None:
-    """Step 2: open new and existing files, and a file that is not a database."""
+    """Step 2: open new and existing files, and files that cannot be opened as the contract's."""
     with probe.tracked_connections() as opened:
         for case in args["cases_spec"]:
             probe.started(case["name"])
             opened.clear()
-            outcome = probe.call(probe.function(mod, case["fn"]), case["path"])
-            observed = {}
+            outcome, value = probe.call_keep(probe.function(mod, case["fn"]), case["path"])
+            observed = {"received": probe.received([case["path"]])}
             if outcome["kind"] == "returned":
-                con = opened[-1] if opened else None
-                observed = _describe_connection(con)
-                if con is not None:
-                    con.close()
-            else:
+                observed.update(_describe_connection(value))
+                observed["judge"] = see(args["witness"], case["name"], "after")  # while it is still open
+            else:  # the judge counts the files this process still holds open (the count is a claim)
+                observed["judge"] = see(args["witness"], case["name"], "raised")
                 observed["left_open"] = sum(1 for c in opened if probe.is_open(c))
+            for con in [value, *opened]:
+                if isinstance(con, sqlite3.Connection):
+                    try:
+                        con.close()
+                    except sqlite3.Error:
+                        pass
             probe.report(case["name"], outcome, **observed)
 
 
-def _describe_connection(con) -> dict:
-    if con is None:
-        return {"connection": False}
-    return {
-        "connection": True,
-        "isolation_level": encode(con.isolation_level),
-        "busy_timeout": con.execute("PRAGMA busy_timeout").fetchone()[0],
-        "in_transaction": con.in_transaction,
-    }
+# --- steps 3-6 ----------------------------------------------------------------------------
 
 
 def on_connection(mod, args: dict) -> None:
-    """Steps 3–6: call a function on a connection to a DB the judge prepared."""
-    con = plain(args["db"])
-    for spec in args["calls"]:
-        probe.started(spec["name"])
-        values = [decode(a) for a in spec["args"]]
-        outcome = probe.call(probe.function(mod, spec["fn"]), con, *values)
-        probe.report(spec["name"], outcome, in_transaction=con.in_transaction,
-                     can_write=probe.other_can_write(args["db"]))
-    con.close()
-
-
-def _row_sent(db: str, event_id: str) -> int | None:
-    other = plain(db, timeout=0.5)
+    """Steps 3–6: call a function on a connection to a DB the judge prepared, then let the
+    judge look at the file while that connection is still open."""
+    cons: dict[str, sqlite3.Connection] = {}
     try:
-        row = other.execute("SELECT sent FROM outbox WHERE id = ?", (event_id,)).fetchone()
-        return row[0] if row else None
+        for spec in args["calls"]:
+            probe.started(spec["name"])
+            db = spec["db"]
+            if db not in cons or not _usable(cons[db]):
+                cons[db] = plain(db)  # a function that closed the last one gets a fresh one
+            values = [decode(a) for a in spec["args"]]
+            outcome = probe.call(probe.function(mod, spec["fn"]), cons[db], *values)
+            still_open = _usable(cons[db])
+            see(args["witness"], spec["name"], "after")
+            probe.report(spec["name"], outcome, connection_open=still_open, received=probe.received(values))
     finally:
-        other.close()
+        for con in cons.values():
+            con.close()
+
+
+# --- step 7 -------------------------------------------------------------------------------
+
+
+class EqualsEverything:
+    """A reply that says it equals True (and anything else): `== True` is not `is True`."""
+
+    def __eq__(self, other):
+        return True
+
+    def __hash__(self):
+        return 1
+
+    def __bool__(self):
+        return True
+
+    def __repr__(self):
+        return "an object whose == always says True"
+
+
+def _reply_value(reply: dict):
+    if reply.get("special") == "equals_true":
+        return EqualsEverything()
+    return decode(reply.get("return", encode(True)))
+
+
+def _error(mod, spec: dict) -> BaseException:
+    kinds = {"OSError": OSError, "ConnectionResetError": ConnectionResetError, "TimeoutError": TimeoutError,
+             "RuntimeError": RuntimeError, "KeyError": KeyError, "ValueError": ValueError}
+    cls = kinds.get(spec["type"])
+    if cls is None:  # the module's own DeliveryError, as send_http would raise it
+        cls = getattr(mod, spec["type"], None)
+        if not (isinstance(cls, type) and issubclass(cls, Exception)):
+            cls = type(spec["type"], (Exception,), {})
+    return cls(spec["message"])
 
 
 def dispatching(mod, args: dict) -> None:
-    """Step 7: run dispatch with scripted `send` callbacks and watch every call."""
+    """Step 7: run dispatch with a `send` whose replies the judge scripts. Inside each send and
+    each after_delivery the judge looks at the DB file itself (see checks/outbox.py)."""
     dispatch = probe.function(mod, "dispatch")
+    real_pending = getattr(mod, "pending", None)
     for case in args["scenarios"]:
-        probe.started(case["name"])
-        db = case["db"]
-        con = plain(db)
-        seen: list[dict] = []
-        hooks: list[dict] = []
-        script = list(case["replies"])
-        raised: list[BaseException] = []
+        name = case["name"]
+        probe.started(name)
+        selected: list = []  # the dicts pending() returned, to tell a copy from the original
+        if callable(real_pending):
+            def watched_pending(*a, selected=selected, **kw):
+                result = real_pending(*a, **kw)
+                if isinstance(result, list):
+                    selected.extend(result)
+                return result
 
-        def send(event, script=script, seen=seen, db=db, case=case, raised=raised):
-            seen.append({
-                "event": encode(copy.deepcopy(event)),
-                "sent_flag": _row_sent(db, event.get("id")) if isinstance(event, dict) else None,
-                "can_write": probe.other_can_write(db),
-            })
-            reply = script.pop(0) if script else {"return": encode(True)}
+            mod.pending = watched_pending
+        con = plain(case["db"])
+        raised: list[BaseException] = []
+        given: list = []
+        misuse: list[str] = []
+
+        def send(*call_args, name=name, case=case, raised=raised, given=given, selected=selected, misuse=misuse,
+                 **kwargs):
+            if len(call_args) + len(kwargs) != 1 or (kwargs and "event" not in kwargs):
+                shown = [type(a).__name__ for a in call_args] + [f"{k}=..." for k in kwargs]
+                misuse.append(f"send({', '.join(shown)})")
+                raise TypeError("send takes one argument: the event")
+            event = call_args[0] if call_args else kwargs["event"]
+            not_a_copy = any(event is s for s in selected) or any(event is g for g in given)
+            given.append(event)
+            answer = see(args["witness"], name, "send", event=encode(event), not_a_copy=not_a_copy)
             if case.get("mutate") and isinstance(event, dict):
                 event["id"] = case["mutate"]
                 event["qty"] = 999
-            if "raise" in reply:
-                error = OSError(reply["raise"])
+            if "raise" in answer:
+                error = _error(mod, answer["raise"])
                 raised.append(error)
                 raise error
-            return decode(reply["return"])
+            if "witness_error" in answer:
+                raise OSError(f"the judge's send endpoint could not be reached: {answer['witness_error']}")
+            return _reply_value(answer)
 
-        def after_delivery(event_id, hooks=hooks, db=db):
-            hooks.append({"id": encode(event_id), "sent_flag": _row_sent(db, event_id)})
+        def after_delivery(event_id, name=name):
+            see(args["witness"], name, "hook", event_id=encode(event_id))
 
         kwargs = {"after_delivery": after_delivery} if case.get("hook") else {}
+        limit = decode(case["limit"])
         try:
-            outcome, error = probe.call_keep(dispatch, con, send, decode(case["limit"]), **kwargs)
+            outcome, error = probe.call_keep(dispatch, con, send, limit, **kwargs)
         finally:
             con.close()
+            if callable(real_pending):
+                mod.pending = real_pending
         same_error = bool(raised) and error is raised[-1]
-        probe.report(case["name"], outcome, sends=seen, hooks=hooks, same_error=same_error)
+        probe.report(name, outcome, same_error=same_error, send_misuse=misuse, received=probe.received([limit]))
+
+
+# --- step 8 -------------------------------------------------------------------------------
 
 
 def sending(mod, args: dict) -> None:
-    """Step 8: call send_http against the judge's warehouse, with a hostile environment."""
+    """Step 8: call send_http; while its exception (if any) is still alive, the judge checks
+    whether the connection was closed."""
     send_http = probe.function(mod, "send_http")
     for spec in args["calls"]:
         probe.started(spec["name"])
+        if spec.get("default_of"):  # the signature's default: a fact about the function itself
+            probe.report(spec["name"], _default(send_http, spec["default_of"]), received=[])
+            continue
         values = [decode(a) for a in spec["args"]]
-        outcome = probe.call(send_http, *values)
-        probe.report(spec["name"], outcome)
+        started = time.monotonic()
+        outcome, kept = probe.call_keep(send_http, *values)
+        seconds = time.monotonic() - started
+        if spec.get("look"):
+            see(args["witness"], spec["name"], "after")
+        del kept
+        probe.report(spec["name"], outcome, seconds=round(seconds, 3), received=probe.received(values))
+
+
+def _default(fn, parameter: str) -> dict:
+    if fn is None:
+        return {"kind": "missing"}
+    try:
+        found = inspect.signature(fn).parameters.get(parameter)
+    except (TypeError, ValueError) as exc:
+        return probe.describe_exception(exc)
+    value = None if found is None or found.default is inspect.Parameter.empty else found.default
+    return {"kind": "returned", "value": encode(value)}
+
+
+# --- final check --------------------------------------------------------------------------
 
 
 def crash_dispatch(mod, args: dict) -> None:
@@ -128,7 +277,7 @@ def crash_dispatch(mod, args: dict) -> None:
         return mod.send_http(url, event, timeout=args.get("timeout", 2.0))
 
     def die(event_id):
-        probe.emit({"event": "note", "kind": "hook", "id": event_id, "t": time.time()})
+        probe.emit({"event": "note", "kind": "hook", "id": encode(event_id), "t": time.time()})
         os._exit(args["exit_code"])  # no finally, no close: the process really dies here
 
     hook = die if args.get("kill") else None
@@ -152,5 +301,9 @@ def bad_replies(mod, args: dict) -> None:
 
         if outcome["kind"] == "returned":
             outcome = probe.call(probe.function(mod, "dispatch"), source, send, 16)
-            source.close()
+            if isinstance(source, sqlite3.Connection):
+                try:
+                    source.close()
+                except sqlite3.Error:
+                    pass
         probe.report(case["name"], outcome)

@@ -38,6 +38,14 @@ def parser() -> argparse.ArgumentParser:
     grade.add_argument("--force", action="store_true", help="regrade submissions already graded")
     grade.add_argument("--no-sandbox", action="store_true",
                        help="grade without the sandbox (where none is possible); the gradebook says so")
+    grade.add_argument("--shard", metavar="I/N",
+                       help="grade only shard I of N (students split by a stable hash of their name); "
+                            "needs --seed; combine the N --out folders with `merge`")
+    report = sub.add_parser("report", help="write GRADES_DIR/report.html: what the class got wrong")
+    report.add_argument("grades", type=Path, metavar="GRADES_DIR", help="a `grade` (or `merge`) --out folder")
+    merge = sub.add_parser("merge", help="combine the --out folders of `grade --shard I/N` into one")
+    merge.add_argument("shards", nargs="+", type=Path, metavar="OUT", help="the shards' --out folders")
+    merge.add_argument("--out", required=True, type=Path, help="a new folder for the merged gradebook")
     start = sub.add_parser("start", allow_abbrev=False, help="open JupyterLab on your own workspace (made on the first start, "
                            "updated from the course on later ones); other arguments go to JupyterLab")
     start.add_argument("--workspace", type=Path, help="where your notebooks live (default: workspace/ in the clone)")
@@ -75,14 +83,35 @@ def run_check(args: argparse.Namespace) -> int:
 
 def run_grade(args: argparse.Namespace) -> int:
     from labkit.grading.batch import BatchUsageError, run
+    from labkit.grading.shards import Shard, ShardError
 
     try:
-        return run(list(args.paths), args.out, args.jobs, args.seed, args.force, no_sandbox=args.no_sandbox)
-    except BatchUsageError as exc:
+        shard = Shard.parse(args.shard) if args.shard is not None else None
+        return run(list(args.paths), args.out, args.jobs, args.seed, args.force, no_sandbox=args.no_sandbox,
+                   shard=shard)
+    except (BatchUsageError, ShardError) as exc:
         raise UsageError(str(exc)) from None
     except KeyboardInterrupt:
         print("interrupted: finished grades are kept; run the same command again to continue")
         return 130
+
+
+def run_report(args: argparse.Namespace) -> int:
+    from labkit.grading import gradebook, report
+
+    if not gradebook.results_dir(args.grades).is_dir():
+        raise UsageError(f"{args.grades} is not a `grade` output folder (it has no .results/)")
+    print(report.write(args.grades.resolve()))
+    return 0
+
+
+def run_merge(args: argparse.Namespace) -> int:
+    from labkit.grading import merge
+
+    try:
+        return merge.run(list(args.shards), args.out)
+    except merge.MergeRefused as exc:
+        raise UsageError(str(exc)) from None
 
 
 def run_start(args: argparse.Namespace, extra: list[str]) -> int:
@@ -138,6 +167,10 @@ def main(argv: list[str] | None = None) -> int:
             return run_start(args, extra)
         if args.command == "release":
             return run_release(args)
+        if args.command == "report":
+            return run_report(args)
+        if args.command == "merge":
+            return run_merge(args)
         return run_grade(args)
     except UsageError as exc:
         print(f"python -m labkit: error: {exc}", file=sys.stderr)

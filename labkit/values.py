@@ -12,6 +12,8 @@ from typing import Any
 MAX_ITEMS = 1000
 MAX_DEPTH = 8
 MAX_REPR = 300
+MAX_CHARS = 1_000_000  # all the text one encoded value may carry: a huge return is cut, not a torn record
+MAX_INT_BITS = 10_000  # json cannot print an int of more than 4,300 digits (sys.int_max_str_digits)
 
 
 @dataclass(frozen=True)
@@ -25,32 +27,42 @@ class Opaque:
         return self.text
 
 
-def encode(value: Any, depth: int = 0) -> dict:
+def encode(value: Any, depth: int = 0, _left: list[int] | None = None) -> dict:
+    left = [MAX_CHARS] if _left is None else _left  # characters still allowed, shared by the whole value
     if depth > MAX_DEPTH:
         return {"t": "other", "type": type(value).__name__, "repr": "<too deep>"}
+    if left[0] <= 0:
+        return {"t": "other", "type": type(value).__name__, "repr": "<cut: the value is too large>"}
     kind = type(value)
     if value is None:
         return {"t": "none"}
     if kind is bool:
         return {"t": "bool", "v": value}
     if kind is int:
+        if value.bit_length() > MAX_INT_BITS:
+            return {"t": "other", "type": "int", "repr": f"<an int of about {int(value.bit_length() * 0.30103)} digits>"}
         return {"t": "int", "v": value}
     if kind is float:
         return {"t": "float", "v": repr(value)}
     if kind is str:
-        return {"t": "str", "v": value[:100_000]}
+        text = value[: min(100_000, left[0])]
+        left[0] -= len(text)
+        return {"t": "str", "v": text}
     if kind is bytes:
-        return {"t": "bytes", "v": value[:100_000].decode("latin-1")}
+        data = value[: min(100_000, left[0])]
+        left[0] -= len(data)
+        return {"t": "bytes", "v": data.decode("latin-1")}
     if kind in (list, tuple):
-        items = [encode(item, depth + 1) for item in value[:MAX_ITEMS]]
+        items = [encode(item, depth + 1, left) for item in value[:MAX_ITEMS]]
         return {"t": kind.__name__, "v": items, "cut": len(value) > MAX_ITEMS}
     if kind is dict:
-        pairs = [[encode(k, depth + 1), encode(v, depth + 1)] for k, v in list(value.items())[:MAX_ITEMS]]
+        pairs = [[encode(k, depth + 1, left), encode(v, depth + 1, left)] for k, v in list(value.items())[:MAX_ITEMS]]
         return {"t": "dict", "v": pairs}
     try:
         text = repr(value)[:MAX_REPR]
     except Exception:  # a student's __repr__ may raise
         text = f"<{kind.__name__} object>"
+    left[0] -= len(text)
     return {"t": "other", "type": kind.__name__, "repr": text}
 
 

@@ -266,6 +266,9 @@ def test_an_adapter_builds_in_the_child_what_cannot_cross_the_pipe(tmp_path, mon
     probes = student_dir(tmp_path, 1)
     (probes / "toy_probes.py").write_text(ADAPTER)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(probes), os.environ.get("PYTHONPATH")])))
+    # The sandbox shows a child only the course's own probe modules; this toy adapter lives in
+    # tmp_path, so the adapter mechanism is tested without it (tests/test_sandbox.py covers the box).
+    monkeypatch.setenv("LABKIT_SANDBOX", "off")
     path = student(tmp_path, f"import random\n\n\ndef pick(items, rng):\n    {body}\n")
     lab = LabSpec("toy", "toy", "labkit.probe", [StepSpec(3, "pick", 1, check_pick)])
     [case] = run_lab(lab, path, seed=1).steps[0].cases

@@ -42,6 +42,7 @@ from labkit.grading.submissions import (
     read_notebook,
     slug,
 )
+from labkit.judge import reaper
 from labkit.notebook.module_export import assemble, parts_from_notebook
 from tests.submissions import corpus, hostile
 
@@ -53,6 +54,11 @@ needs_release = pytest.mark.skipif(SOURCES is None, reason="no released lab note
                                    "reference module yet (run `python -m labkit.notebook.build`)")
 
 
+# The grader's sandbox uids in these tests (base + 1 + slot): this test process's own, so that
+# sandboxed processes of other runs on a shared machine are never counted as ours.
+GRADER_UID = sandbox.uid() + 10_000 + os.getpid() % 100_000
+
+
 def grader_env(tmp: Path, token: str) -> dict[str, str]:
     env = dict(os.environ)
     for name in ("JUPYTER_CONFIG_DIR", "JUPYTER_DATA_DIR", "JUPYTER_RUNTIME_DIR"):
@@ -61,6 +67,7 @@ def grader_env(tmp: Path, token: str) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     env.update({
         TOKEN_VAR: token,  # inherited by every process the grader starts: leftovers are found by it
+        sandbox.UID_ENV: str(GRADER_UID),
         "LABKIT_GRADE_CELL_TIMEOUT": "5",
         "LABKIT_GRADE_NOTEBOOK_TIMEOUT": "90",
         "LABKIT_GRADE_KERNEL_MEMORY": str(1200 * 2**20),
@@ -132,9 +139,24 @@ def tree_hash(top: Path) -> dict[str, str]:
     return found
 
 
+def zombie_children() -> set[str]:
+    """Zombies among this process's children. Whatever the grader fails to collect re-parents,
+    when it exits, to this test process (a subreaper once a test ran the judge in-process)."""
+    import psutil
+
+    found = set()
+    for child in psutil.Process().children():
+        try:
+            if child.status() == psutil.STATUS_ZOMBIE:
+                found.add(f"{child.pid} ({child.name()})")
+        except psutil.NoSuchProcess:
+            continue
+    return found
+
+
 def sandbox_uid_processes() -> list[str]:
     """Processes running as one of the grader's sandbox uids (one per --jobs slot)."""
-    uids = {sandbox.uid() + n for n in range(0, 9)}
+    uids = {GRADER_UID + n for n in range(0, 9)}
     found = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -163,11 +185,14 @@ def graded(tmp_path_factory):
         for name in (corpus.ESCAPE_FILE, hostile.ESCAPE):
             (place / name).unlink(missing_ok=True)
     course_before, subs_before = tree_hash(ROOT), tree_hash(subs)
+    reaper.become_subreaper()  # so that what the grader leaves uncollected comes here, to be seen
+    zombies_before = zombie_children()
     started = time.monotonic()
     proc = subprocess.run(grade_cmd(subs, "--out", out, "--jobs", "2", "--seed", SEED),
                           env=grader_env(tmp, token), capture_output=True, text=True, timeout=1200, cwd=tmp)
     seconds = time.monotonic() - started
-    running = {"token": survivors(token), "sandbox uids": sandbox_uid_processes()}
+    running = {"token": survivors(token), "sandbox uids": sandbox_uid_processes(),
+               "zombies handed to this test": sorted(zombie_children() - zombies_before)}
     gradebook_after = tree_hash(out)
     course_after, subs_after = tree_hash(ROOT), tree_hash(subs)
     points: dict[str, dict[str, int]] = {}
@@ -227,7 +252,7 @@ def test_each_submission_gets_the_grade_it_deserves(graded):
 @needs_release
 @pytest.mark.slow
 def test_the_batch_leaves_nothing_running(graded):
-    assert graded["running"] == {"token": [], "sandbox uids": []}
+    assert graded["running"] == {"token": [], "sandbox uids": [], "zombies handed to this test": []}
     out = graded["out"]
     assert not (out / ".work").exists()
     assert list((out / ".results").glob("*.running")) == []

@@ -6,6 +6,7 @@ mistake, and says in its docstring which step must fail and what the student mus
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -75,7 +76,7 @@ def lab():
 
 
 def test_the_catalogue_is_complete():
-    assert len(WRONG) >= 18
+    assert len(WRONG) >= 40
     for path in WRONG:
         promise(path)
 
@@ -118,3 +119,301 @@ def test_skeleton_is_not_implemented_everywhere(lab, tmp_path):
         {s.step: failures(s) for s in verdict.steps if s.status != "not_implemented"}
     assert {str(s.step): s.note for s in verdict.steps} == {str(s.step): "" for s in lab.steps}
     assert verdict.score == 0
+
+
+# Student code that breaks the checker's assumptions rather than the contract's: each gets a
+# verdict about itself (the fragment it must be told), never "the checker itself failed", never
+# a blame on the course's servers, and never the sys.exit() hint unless it did end the process.
+HOSTILE = {
+    "open_source returns a closed connection": ("2", "already closed", """
+def open_source(path):
+    con = sqlite3.connect(path, isolation_level=None, timeout=1.0)
+    con.close()
+    return con
+open_sink = open_source
+"""),
+    "open_source returns None, open_sink a str": ("2", "returned None", """
+def open_source(path):
+    _open(path, "SELECT 1").close()
+def open_sink(path):
+    return str(path)
+"""),
+    "open_source returns a connection to another database": ("2", "not to the path given", """
+_real_source = open_source
+def open_source(path):
+    return _real_source(":memory:")
+"""),
+    "open_source returns a connection inside an open transaction": ("2", "could not write and commit", """
+def open_source(path):
+    con = sqlite3.connect(path, isolation_level=None, timeout=1.0)
+    con.execute("BEGIN")
+    con.execute("CREATE TABLE IF NOT EXISTS orders(id TEXT PRIMARY KEY, sku TEXT NOT NULL, qty INTEGER NOT NULL)")
+    return con
+"""),
+    "open_source uses connect imported on its own": ("2", "isolation_level is ''", """
+from sqlite3 import connect as _connect
+_real_schema = open_source
+def open_source(path):
+    con = _connect(path, timeout=1.0)
+    con.executescript("CREATE TABLE IF NOT EXISTS orders(id TEXT PRIMARY KEY);")
+    return con
+"""),
+    "open_source leaks its connection and patches the probe to say it is closed": ("2", "left the connection open", """
+import sqlite3 as _sqlite3
+import labkit.probe as _probe
+_probe.is_open = lambda con: False
+_leaked = []
+def _open(path, schema):
+    con = _sqlite3.connect(path, isolation_level=None, timeout=1.0)
+    _leaked.append(con)
+    con.executescript(schema)
+    return con
+"""),
+    "accept closes the caller's connection": ("3", "closed the connection it was given", """
+_real_accept = accept
+def accept(con, event):
+    try:
+        return _real_accept(con, event)
+    finally:
+        con.close()
+"""),
+    "pending returns a generator": ("4", "returned a generator", """
+def pending(con, limit):
+    if type(limit) is not int or not 1 <= limit <= 16:
+        raise ValueError("limit")
+    rows = con.execute("SELECT body FROM outbox WHERE sent = 0 ORDER BY seq LIMIT ?", (limit,)).fetchall()
+    return (json.loads(body) for (body,) in rows)
+"""),
+    "pending returns objects whose dunder methods raise": ("4", "_Nasty", """
+class _Nasty(dict):
+    def __eq__(self, other): raise RuntimeError("eq")
+    def __repr__(self): raise RuntimeError("repr")
+    def __len__(self): raise RuntimeError("len")
+    def __bool__(self): raise RuntimeError("bool")
+    __hash__ = None
+def pending(con, limit):
+    return [_Nasty(a=1)] * 3
+"""),
+    "pending returns a huge list of huge values": ("4", "returned [{'id': 'xxxx", """
+def pending(con, limit):
+    return [{"id": "x" * 200000, "sku": "s", "qty": 10**5000}] * 5000
+"""),
+    "validate_event returns an int of 5000 digits": ("1", "an int of about 5000 digits", """
+def validate_event(event):
+    return 10**5000
+"""),
+    "validate_event returns an OrderedDict": ("1", "returned an OrderedDict", """
+from collections import OrderedDict
+_real_validate = validate_event
+def validate_event(event):
+    return OrderedDict(_real_validate(event))
+"""),
+    "validate_event raises an error whose str() raises": ("1", "<str() of the exception failed>", """
+class _Weird(ValueError):
+    def __str__(self): raise RuntimeError("no str")
+def validate_event(event):
+    raise _Weird()
+"""),
+    "receive drops the stock table": ("5", "no such table: stock", """
+def receive(con, event):
+    con.execute("DROP TABLE IF EXISTS stock")
+    return True
+"""),
+    "mark_sent returns an object whose bool and repr raise": ("6", "returned <_B object>", """
+class _B:
+    def __bool__(self): raise RuntimeError("bool")
+    def __repr__(self): raise RuntimeError("repr")
+def mark_sent(con, event_id):
+    return _B()
+"""),
+    "dispatch deletes rows and calls after_delivery(None)": ("7", "after_delivery was called with None", """
+def dispatch(con, send, limit, after_delivery=None):
+    if type(limit) is not int or not 1 <= limit <= 16:
+        raise ValueError("limit")
+    n = 0
+    for event in pending(con, limit):
+        if send(dict(event)) is not True:
+            raise DeliveryError("no")
+        if after_delivery:
+            after_delivery(None)
+        con.execute("DELETE FROM outbox WHERE id = ?", (event["id"],))
+        n += 1
+    return n
+"""),
+    "dispatch drops the outbox table": ("7", "send was never called", """
+def dispatch(con, send, limit, after_delivery=None):
+    con.execute("DROP TABLE outbox")
+    return 0
+"""),
+    "dispatch calls send from threads": ("7", "send was called for", """
+import threading
+def dispatch(con, send, limit, after_delivery=None):
+    if type(limit) is not int or not 1 <= limit <= 16:
+        raise ValueError("limit")
+    batch = pending(con, limit)
+    threads = [threading.Thread(target=send, args=(dict(e),)) for e in reversed(batch)]
+    for t in threads:
+        t.start()
+        t.join()
+    for e in batch:
+        mark_sent(con, e["id"])
+    return len(batch)
+"""),
+    "dispatch calls send with extra arguments": ("7", "send was called as send(event=..., extra=...)", """
+def dispatch(con, send, limit, after_delivery=None):
+    for e in pending(con, 16):
+        send(event=e, extra=1)
+    return 0
+"""),
+    "send_http returns an object whose bool and eq raise": ("8", "returned xxxx", """
+class _N:
+    def __bool__(self): raise RuntimeError("bool")
+    def __repr__(self): return "x" * 10**7
+    def __eq__(self, o): raise RuntimeError("eq")
+def send_http(url, event, timeout=2.0):
+    _check_url(url)
+    return _N()
+"""),
+    "send_http posts without a Content-Type header": ("8", "no Content-Type header", """
+import socket as _socket
+def send_http(url, event, timeout=2.0):
+    _check_url(url)
+    if type(timeout) not in (int, float) or not isfinite(timeout) or timeout <= 0:
+        raise ValueError("timeout")
+    parts = urlsplit(url)
+    body = canonical(validate_event(event)).encode()
+    s = _socket.create_connection((parts.hostname, parts.port), timeout=timeout)
+    try:
+        s.sendall(b"POST /events HTTP/1.0\\r\\nContent-Length: " + str(len(body)).encode() + b"\\r\\n\\r\\n" + body)
+        data = b""
+        while len(data) < 4096:
+            chunk = s.recv(4096)
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        s.close()
+    head, _, payload = data.partition(b"\\r\\n\\r\\n")
+    if not head.startswith((b"HTTP/1.1 200", b"HTTP/1.0 200")) or len(payload) > 1024:
+        raise DeliveryError("not an ACK")
+    try:
+        reply = json.loads(payload)
+    except ValueError:
+        raise DeliveryError("not JSON") from None
+    if reply != {"ack": event["id"]}:
+        raise DeliveryError("wrong id")
+    return True
+"""),
+    "validate_event closes every inherited file descriptor": ("1", "died", """
+import os as _os
+def validate_event(event):
+    for fd in range(3, 64):
+        try:
+            _os.close(fd)
+        except OSError:
+            pass
+    return dict(event)
+"""),
+    "receive hangs inside the warehouse": ("final", "the warehouse never answered", """
+import time as _time
+def receive(con, event):
+    _time.sleep(30)
+    return True
+"""),
+    "open_sink fails inside the warehouse": ("final", "the warehouse ran your open_sink and receive", """
+def open_sink(path):
+    raise sqlite3.OperationalError("disk I/O error (pretend)")
+"""),
+    "send_http returns only after the step's time limit": ("8", "no answer within 4 s", """
+import time as _time
+def send_http(url, event, timeout=2.0):
+    _time.sleep(60)
+    return True
+""", 4.0),
+    "mark_sent calls sys.exit()": ("6", "Don't call sys.exit()", """
+import sys as _sys
+def mark_sent(con, event_id):
+    _sys.exit(3)
+"""),
+}
+COURSE_BLAME = ("checker itself failed", "bug in the course", "the warehouse's fault", "our server")
+
+
+@pytest.mark.parametrize("label", list(HOSTILE))
+def test_hostile_student_code_gets_a_verdict_about_itself(lab, tmp_path, label):
+    step, told, code, *timeout = HOSTILE[label]
+    module = tmp_path / "worker.py"
+    module.write_text(REFERENCE.read_text() + "\n# --- the student's change ---\n" + code)
+    verdict = by_step(run_lab(lab, module, steps=[step], seed=SEED, timeout=timeout[0] if timeout else None))[step]
+    messages = failures(verdict)
+    assert verdict.status == "failed", f"{label}: step {step} is {verdict.status}:\n{messages}"
+    assert not any(blame in messages for blame in COURSE_BLAME), f"{label}:\n{messages}"
+    if "sys.exit" not in told:
+        assert "sys.exit" not in messages, f"{label} is blamed for ending the process:\n{messages}"
+    assert told in messages, f"{label}: the student is not told {told!r}:\n{messages}"
+
+
+def _planned(check, step: int, tmp_path) -> tuple[list, dict]:
+    """The plans and the child's arguments a check builds, without running any child."""
+    import random
+
+    from labkit.judge.run import StepContext
+
+    captured: dict = {}
+
+    class Capture(StepContext):
+        def cases(self, probe, plans, args=None, env=None, probes=None):
+            captured.setdefault("plans", []).extend(plans)
+            for key, value in (args or {}).items():
+                captured.setdefault(key, []).extend(value if isinstance(value, list) else [value])
+            return []
+
+    ctx = Capture(labs.load("outbox"), REFERENCE, tmp_path, random.Random("1:1"), 1, 10.0)
+    ctx.step = step
+    check(ctx)
+    return captured["plans"], captured
+
+
+def test_each_validate_event_case_makes_as_many_calls_as_its_name_says(tmp_path, monkeypatch):
+    import re
+
+    from checks import outbox_validate
+
+    monkeypatch.setattr(outbox_validate, "_validate_property", lambda ctx, hints: [])
+    plans, args = _planned(outbox_validate.check_validate, 1, tmp_path)
+    counted = 0
+    for spec in args["cases_spec"]:
+        said = re.search(r"(\d+) calls?\)?$", spec["name"])
+        assert said, f"{spec['name']!r} does not say how many calls it makes"
+        assert int(said[1]) == len(spec["inputs"]), f"{spec['name']!r} makes {len(spec['inputs'])} calls"
+        counted += len(spec["inputs"])
+    assert counted > 500  # every kind of every near-miss, in every run
+
+
+def test_the_replies_step_8_names_by_size_have_that_size():
+    from checks.outbox_send import _ack_text, _padded
+
+    for event_id in ("a", "snack-7", "x" * 64):
+        assert len(_padded(1024)(event_id)) == 1024
+        assert len(_padded(1025)(event_id)) == 1025
+        assert json.loads(_padded(1025)(event_id)) == {"ack": event_id}  # valid but for its size
+        assert json.loads(_ack_text(event_id)) == {"ack": event_id}
+
+
+def test_every_url_step_8_refuses_is_refused_by_the_reference_for_the_reason_its_clause_names():
+    """The near-miss table is data: each URL must really be a near miss (the reference refuses it),
+    and a URL the table says is fine must pass the reference's check."""
+    import importlib.util
+
+    from checks.outbox_inputs import URL_REFUSED
+
+    spec = importlib.util.spec_from_file_location("reference_worker", REFERENCE)
+    worker = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(worker)
+    for label, template, clause in URL_REFUSED:
+        with pytest.raises(ValueError):
+            worker._check_url(template.format(p=8080))
+        assert clause.startswith("8.url-"), label
+    for fine in ("http://localhost:8080/events", "http://127.0.0.1:1/events", "http://127.255.255.255:65535/events",
+                 "http://127.3.2.1:8080/events"):
+        worker._check_url(fine)

@@ -331,21 +331,26 @@ def test_a_setsid_grandchild_with_an_empty_environment_dies_with_the_box(tmp_pat
         time.sleep(0.5)
         print("parent done")
     """)
-    before = _sandbox_uid_processes()
-    done, _ = _run(_policy(tmp_path), code)
+    uid = own_uid()  # counted by uid: one no other run on this machine uses
+    done, _ = _run(_policy(tmp_path, uid=uid, gid=uid), code)
     assert "parent done" in done.stdout
     deadline = time.monotonic() + 5
-    while _sandbox_uid_processes() - before and time.monotonic() < deadline:
+    while _uid_processes(uid) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert _sandbox_uid_processes() - before == set()
+    assert _uid_processes(uid) == set()
 
 
-def _sandbox_uid_processes() -> set[int]:
+def own_uid() -> int:
+    """A sandbox uid of this test process's own, so that other runs' processes are not counted."""
+    return sandbox.uid() + 10_000 + os.getpid() % 100_000
+
+
+def _uid_processes(uid: int) -> set[int]:
     found = set()
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
-                if os.stat(f"/proc/{entry}").st_uid == sandbox.uid():
+                if os.stat(f"/proc/{entry}").st_uid == uid:
                     found.add(int(entry))
             except OSError:
                 pass

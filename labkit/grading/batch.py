@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from labkit import labs, sandbox
-from labkit.grading import gradebook, record, submissions
+from labkit.grading import gradebook, manifest, record, reveals, submissions, sweep
 from labkit.grading.settings import (
     CRASHED,
     EXECUTED,
@@ -33,7 +33,9 @@ from labkit.grading.settings import (
     Limits,
     release_dir,
 )
+from labkit.grading.shards import WHOLE, Shard, shard_of
 from labkit.judge import reaper
+from labkit.limits import step_timeout
 
 
 class BatchUsageError(Exception):
@@ -49,6 +51,7 @@ class Batch:
     limits: Limits = field(default_factory=Limits.from_env)
     sandboxed: bool = True  # False only with --no-sandbox
     sandbox_label: str = ""  # what the gradebook says about it
+    shard: Shard = WHOLE
 
 
 def _lock(out: Path):
@@ -110,7 +113,8 @@ def make_job(sub: submissions.Submission, batch: Batch, known: dict) -> dict:
     return {"student": sub.student, "path": str(sub.path), "notebook": _shown(sub.path),
             "sha256": sub.sha256, "lab": sub.lab, "flags": list(sub.flags), "key": sub.key,
             "release": str(release.path) if release else None, "seed": batch.seed,
-            "out": str(batch.out), "problem": sub.problem, "sandbox": batch.sandbox_label}
+            "out": str(batch.out), "problem": sub.problem, "sandbox": batch.sandbox_label,
+            "submitted_at": sub.submitted_at, "revealed": list(sub.revealed) if sub.lab else None}
 
 
 def already_graded(job: dict, batch: Batch, explicit_seed: int | None) -> bool:
@@ -136,6 +140,19 @@ def _context():
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(["labkit.grading.warm"])
     return ctx
+
+
+def _stop_forkserver() -> None:
+    """Stop the forkserver and resource tracker and collect them, so the grader leaves no process
+    behind: on their own they exit a moment after the grader, and pass to whoever is above it.
+    (`_stop` is private but present from 3.8 to 3.13; without it they simply exit later.)"""
+    from multiprocessing import forkserver, resource_tracker
+
+    for helper in (forkserver._forkserver, resource_tracker._resource_tracker):
+        try:
+            helper._stop()
+        except (AttributeError, OSError, ChildProcessError):
+            pass
 
 
 def _worker_entry(job: dict, log: str) -> None:
@@ -246,9 +263,12 @@ def sandbox_choice(no_sandbox: bool) -> tuple[bool, str]:
 
 
 def run(paths: list[Path], out: Path, jobs: int | None, seed: int | None, force: bool,
-        no_sandbox: bool = False) -> int:
+        no_sandbox: bool = False, shard: Shard | None = None) -> int:
     if jobs is not None and jobs < 1:
         raise BatchUsageError("--jobs must be at least 1")
+    if shard is not None and seed is None:
+        raise BatchUsageError("--shard needs --seed: every shard of a class must draw the same hidden "
+                              "cases, or `merge` refuses them")
     out = out.resolve()
     if out.exists() and not out.is_dir():
         raise BatchUsageError(f"--out {out} is a file, not a folder")
@@ -262,35 +282,67 @@ def run(paths: list[Path], out: Path, jobs: int | None, seed: int | None, force:
     out.mkdir(parents=True, exist_ok=True)
     lock = _lock(out)
     try:
-        return _run_locked(found, skipped, out, jobs or len(os.sched_getaffinity(0)) or 1, seed, force,
-                           sandboxed, label)
+        batch = Batch(out, 0, jobs or default_jobs(), force, sandboxed=sandboxed, sandbox_label=label,
+                      shard=shard or WHOLE)
+        return _run_locked(found, skipped, batch, seed)
     finally:
         lock.close()
 
 
-def _run_locked(found, skipped, out: Path, jobs: int, seed: int | None, force: bool, sandboxed: bool,
-                label: str) -> int:
+def default_jobs() -> int:
+    return len(os.sched_getaffinity(0)) or 1
+
+
+def _check_shard(out: Path, shard: Shard) -> None:
+    """An --out folder holds one shard's grades (or the whole class's), never two."""
+    try:
+        earlier = manifest.read(out)
+    except manifest.ManifestError:
+        return  # a new folder, or one graded before manifests existed
+    if earlier.shard != shard.to_json():
+        what = "the whole class" if earlier.shard == WHOLE.to_json() else f"shard {earlier.shard[0]}/{earlier.shard[1]}"
+        now = "the whole class" if shard == WHOLE else f"shard {shard}"
+        raise BatchUsageError(f"{out} holds the grades of {what}; grade {now} into another --out folder")
+
+
+def _run_locked(found, skipped, batch: Batch, seed: int | None) -> int:
     started = time.monotonic()
+    out = batch.out
+    _check_shard(out, batch.shard)
     reaper.become_subreaper()
     clean_stale(out)
+    if batch.sandboxed:
+        swept = sweep.stale_groups()
+        if swept:
+            print(f"removed {len(swept)} empty control group(s) left by an earlier grader that was killed", flush=True)
     known = submissions.releases(release_dir())
     lab_names = labs.available()
+    ctx = _context() if found else None
+    if ctx is not None:  # the workers' imports load while the notebooks are read
+        from multiprocessing import forkserver
+
+        forkserver.ensure_running()
     for sub in found:
-        submissions.examine(sub, known, lab_names)
+        nb = submissions.examine(sub, known, lab_names)
+        if nb is not None and sub.lab:
+            sub.revealed = reveals.read(sub.path, sub.lab, nb, [str(s.step) for s in labs.load(sub.lab).steps])
     chosen = submissions.one_per_lab(found, known)
-    batch = Batch(out, batch_seed(out, seed), jobs, force, sandboxed=sandboxed, sandbox_label=label)
-    record.skipped_rows(out, skipped, label)
+    batch.seed = batch_seed(out, seed)
     all_jobs = [make_job(sub, batch, known) for sub in chosen]
-    todo = [job for job in all_jobs if not already_graded(job, batch, seed)]
-    done = len(all_jobs) - len(todo)
+    manifest.write(out, class_manifest(batch, all_jobs, skipped, known))
+    mine = [job for job in all_jobs if batch.shard.holds(job["student"])]
+    record.skipped_rows(out, [item for item in skipped if batch.shard.holds(item.student)], batch.sandbox_label)
+    todo = [job for job in mine if not already_graded(job, batch, seed)]
+    done = len(mine) - len(todo)
     todo.sort(key=lambda j: (j["lab"] is not None, j["key"]))  # malformed files take no time
-    print(f"grading {len(todo)} notebook(s) with {jobs} job(s), seed {batch.seed}, sandbox: {label}"
+    shard_note = "" if batch.shard == WHOLE else f" (shard {batch.shard}: {len(mine)} of {len(all_jobs)})"
+    print(f"grading {len(todo)} notebook(s){shard_note} with {batch.jobs} job(s), seed {batch.seed}, "
+          f"sandbox: {batch.sandbox_label}"
           + (f"; {done} already graded (--force regrades)" if done else "")
           + (f"; {len(skipped)} path(s) skipped (listed in the gradebook)" if skipped else ""), flush=True)
     progress = Progress(len(todo))
     queue, active = list(todo), []
     free = list(range(batch.jobs))  # slots: each running job's uid is its slot's
-    ctx = _context() if any(job["lab"] for job in todo) else None
     try:
         while queue or active:
             while queue and len(active) < batch.jobs:
@@ -308,21 +360,49 @@ def _run_locked(found, skipped, out: Path, jobs: int, seed: int | None, force: b
                     active.remove(run)
                     progress.update(collect(run, batch)["row"])
                     free.append(run.job["slot"])
+            reaper.collect_zombies({run.proc.pid for run in active})
     except BaseException:
         stop_all(active)
         gradebook.write_gradebook(out)
         raise
     finally:
         progress.close()
+        if ctx is not None:
+            _stop_forkserver()
     try:
         (out / WORK).rmdir()
     except OSError:
         pass
     rows = gradebook.write_gradebook(out)
+    finish_report(out, rows, time.monotonic() - started)
+    return 0
+
+
+def class_manifest(batch: Batch, jobs: list[dict], skipped: list, known: dict) -> manifest.Manifest:
+    """Everything `merge` compares across shards, and every submission of the whole class."""
+    students = sorted({job["student"] for job in jobs} | {item.student for item in skipped})
+    return manifest.Manifest(
+        seed=batch.seed, shard=batch.shard.to_json(), release=manifest.release_fingerprint(known),
+        code=manifest.code_fingerprint(), limits=batch.limits.to_json(), step_timeout=step_timeout(),
+        sandboxed=batch.sandboxed, sandbox=batch.sandbox_label, students=students,
+        submissions={job["key"]: {"student": job["student"], "lab": job["lab"] or "", "sha256": job["sha256"],
+                                  "shard": shard_of(job["student"], batch.shard.count)}
+                     for job in jobs})
+
+
+def finish_report(out: Path, rows: list[dict], seconds: float) -> None:
+    """The gradebook's one-line summary, the class report, and its text summary."""
     counts: dict[str, int] = {}
     for row in rows:
         counts[row["status"]] = counts.get(row["status"], 0) + 1
     summary = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
     print(f"{len(rows)} row(s) in {out / 'grades.csv'} ({summary}); feedback in {out / FEEDBACK} "
-          f"({time.monotonic() - started:.1f} s)", flush=True)
-    return 0
+          f"({seconds:.1f} s)", flush=True)
+    from labkit.grading import report
+
+    try:
+        text = report.write(out)
+    except Exception as exc:  # the grades are written; a report that fails must not hide them
+        print(f"the class report could not be written: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        return
+    print(text, flush=True)

@@ -29,6 +29,7 @@ FLAG_WORDS = {
     "duplicated": "was copied; the copy was removed",
     "ignored": "is another notebook of this lab from you; this one was graded instead",
     "no-release": "could not be restored: the grader has no released notebook for this lab",
+    "superseded": "is the time of an earlier submission of yours; the latest one was graded",
 }
 
 PAGE_STYLE = """
@@ -75,7 +76,12 @@ def _urls(tag: str, attribute: str, value: str) -> str | None:
 
 def clean(html: str) -> str:
     """HTML from (or carrying text from) student code, made inert: nh3 with the allow-list."""
-    return nh3.clean(html, tags=ALLOWED_TAGS, attributes=ALLOWED_ATTRIBUTES,
+    return clean_with(html, ALLOWED_TAGS, ALLOWED_ATTRIBUTES)
+
+
+def clean_with(html: str, tags: set[str], attributes: dict[str, set[str]]) -> str:
+    """`clean` with another allow-list of tags and attributes (the class report's tables)."""
+    return nh3.clean(html, tags=tags, attributes=attributes,
                      url_schemes={"http", "https", "data"}, attribute_filter=_urls,
                      filter_style_properties=STYLE_PROPERTIES, strip_comments=True,
                      link_rel="noopener noreferrer nofollow")
@@ -180,6 +186,11 @@ def page(row: dict, verdict: LabVerdict | None, nb: NotebookNode | None, notes: 
         summary.append(f"<p>Hidden cases drawn with seed {row['seed']}. To replay this grade: "
                        f"<code>python -m labkit check {escape(row['lab'])} --solution YOUR_MODULE "
                        f"--seed {row['seed']}</code></p>")
+    if row.get("submitted_at"):
+        summary.append(f"<p>Graded submission: the one of {escape(row['submitted_at'])} (the latest).</p>")
+    if row.get("revealed"):
+        steps = ", ".join(escape(str(s)) for s in row["revealed"])
+        summary.append(f"<p>You revealed the reference of step(s) {steps} (<code>lab.reveal</code>).</p>")
     for note in notes:
         summary.append(f"<p>{escape(note)}</p>")
     if row["flags"]:

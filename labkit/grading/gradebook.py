@@ -20,6 +20,8 @@ from labkit.grading.settings import RESULTS
 VERSION = 1
 FIRST = ["student", "lab"]
 AFTER_STEPS = ["total", "max", "status", "flags", "seed", "seconds", "notebook", "message", "sandbox"]
+# Columns a row has only when it knows them: nbgrader's submission time, the steps revealed.
+OPTIONAL = ["submitted_at", "revealed"]
 # OWASP's rule against CSV formula injection: a text cell starting with one of these is
 # prefixed with a quote, so a spreadsheet shows it as text instead of running it.
 FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
@@ -82,11 +84,16 @@ def column(step: str) -> str:
 
 def make_row(*, student: str, lab: str, notebook: str, steps: dict[str, int], max_points: int,
              status: str, flags: list[str], seed: int | None, seconds: float, message: str = "",
-             quiz: dict | None = None, sandbox: str = "") -> dict:
+             quiz: dict | None = None, sandbox: str = "", submitted_at: str | None = None,
+             revealed: list[str] | None = None) -> dict:
     row = {"student": student, "lab": lab}
     row.update({column(step): points for step, points in steps.items()})
     row.update(total=sum(steps.values()), max=max_points, status=status, flags=list(flags), seed=seed,
                seconds=round(seconds, 2), notebook=notebook, message=message, sandbox=sandbox)
+    if submitted_at is not None:
+        row["submitted_at"] = submitted_at
+    if revealed is not None:
+        row["revealed"] = list(revealed)
     if quiz is not None:
         row["quiz"] = quiz
     return row
@@ -142,13 +149,15 @@ def _quiz_columns(row: dict) -> dict[str, str]:
 def to_csv(rows: list[dict]) -> str:
     steps = sorted({k for r in rows for k in r if k.startswith("step_") or k == "final"}, key=_step_order)
     quiz = sorted({k for r in rows for k in _quiz_columns(r)})
-    fields = FIRST + steps + AFTER_STEPS + quiz
+    optional = [name for name in OPTIONAL if any(name in r for r in rows)]
+    fields = FIRST + steps + AFTER_STEPS + optional + quiz
     buffer = io.StringIO()
     # RFC 4180 line ends: a CR or LF inside a cell (a student's name, a message) gets quoted too.
     writer = csv.DictWriter(buffer, fieldnames=fields, extrasaction="ignore", lineterminator="\r\n")
     writer.writeheader()
     for row in rows:
-        flat = {**row, **_quiz_columns(row), "flags": ";".join(row.get("flags", []))}
+        flat = {**row, **_quiz_columns(row), "flags": ";".join(row.get("flags", [])),
+                "revealed": ";".join(row.get("revealed") or [])}
         flat["seed"] = "" if row.get("seed") is None else row["seed"]
         writer.writerow({key: defuse(value) for key, value in flat.items()})
     return buffer.getvalue()

@@ -42,7 +42,8 @@ def finish(job: dict, *, status: str, message: str, flags: list[str], verdict: L
     row = gradebook.make_row(student=job["student"], lab=lab, notebook=job["notebook"], steps=steps,
                              max_points=max_points, status=status, flags=flags,
                              seed=job.get("seed") if lab else None, seconds=seconds, message=message,
-                             quiz=quiz, sandbox=job.get("sandbox", ""))
+                             quiz=quiz, sandbox=job.get("sandbox", ""), submitted_at=job.get("submitted_at"),
+                             revealed=job.get("revealed") if lab else None)
     name = lab or slug(Path(job["path"]).stem)
     gradebook.write_atomic(page_path(out, job["student"], name),
                            feedback.page(row, verdict, nb, notes or []))

@@ -2,7 +2,9 @@
 
 A PATH is a notebook (its folder names the student) or a folder: `FOLDER/STUDENT/...ipynb`
 (the first folder below it names the student) or notebooks directly inside it (the folder
-names the student). The lab comes from the notebook's `metadata.labkit.lab` — never from the
+names the student). nbgrader's `submitted/STUDENT/ASSIGNMENT/` is that layout already (its
+`timestamp.txt` is recorded); nbgrader's exchange `inbound/` is read as nbgrader collects it
+(`nbgrader_layout`). The lab comes from the notebook's `metadata.labkit.lab` — never from the
 file name — or, when a student's copy lost its metadata, from the released cells it holds.
 """
 
@@ -17,6 +19,7 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from labkit.grading import nbgrader_layout
 from labkit.grading.restore import grade_id
 from labkit.grading.settings import MAX_NOTEBOOK_BYTES
 
@@ -34,6 +37,8 @@ class Submission:
     problem: str = ""  # why it is malformed
     flags: list[str] = field(default_factory=list)
     inode: tuple[int, int] = (0, 0)  # (device, inode): the same file found twice is one file
+    submitted_at: str | None = None  # nbgrader's timestamp of this submission (ISO, UTC), if any
+    revealed: list[str] = field(default_factory=list)  # steps whose reference the student revealed
 
     @property
     def key(self) -> str:
@@ -132,7 +137,8 @@ def find(paths: list[Path], exclude: Path | None = None) -> tuple[list[Submissio
     Raises FileNotFoundError for a missing PATH. A notebook is credited to the folder it lives
     in (the first folder below PATH), never to where a link points; links, FIFOs, devices and
     oversized files are listed, not read; dotted folders are searched like any other (only
-    Jupyter's `.ipynb_checkpoints` is left out, and listed).
+    Jupyter's `.ipynb_checkpoints` is left out, and listed). An nbgrader `inbound/` folder
+    credits each submission to the student its name gives, and only the latest counts.
     """
     subs: list[Submission] = []
     skipped: list[Skipped] = []
@@ -141,6 +147,9 @@ def find(paths: list[Path], exclude: Path | None = None) -> tuple[list[Submissio
         if not os.path.lexists(path):
             raise FileNotFoundError(path)
         top = Path(os.path.abspath(path))
+        if nbgrader_layout.is_inbound(top):
+            subs += _inbound(top, exclude, skipped)
+            continue
         if top.is_dir() and not top.is_symlink():
             def student_of(p: Path, top=top) -> str:
                 rel = p.relative_to(top)
@@ -153,16 +162,45 @@ def find(paths: list[Path], exclude: Path | None = None) -> tuple[list[Submissio
 
             candidates = [top]
         for nb_path in candidates:
-            try:
-                info = os.lstat(nb_path)
-            except OSError:
-                continue
-            reason = _why_not(nb_path, info)
-            if reason is not None:
-                skipped.append(Skipped(student_of(nb_path), nb_path, reason))
-            else:
-                subs.append(Submission(student_of(nb_path), nb_path, inode=(info.st_dev, info.st_ino)))
+            sub = _candidate(nb_path, student_of(nb_path), skipped)
+            if sub is not None:
+                sub.submitted_at = nbgrader_layout.submitted_at(nb_path, top)
+                subs.append(sub)
     return _one_per_path(subs), skipped
+
+
+def _candidate(nb_path: Path, student: str, skipped: list[Skipped]) -> Submission | None:
+    try:
+        info = os.lstat(nb_path)
+    except OSError:
+        return None
+    reason = _why_not(nb_path, info)
+    if reason is not None:
+        skipped.append(Skipped(student, nb_path, reason))
+        return None
+    return Submission(student, nb_path, inode=(info.st_dev, info.st_ino))
+
+
+def _inbound(top: Path, exclude: Path | None, skipped: list[Skipped]) -> list[Submission]:
+    """nbgrader's exchange inbound/: the latest submission of each student and assignment."""
+    inbound = nbgrader_layout.choose(top)
+    for entry in sorted(top.iterdir()):
+        if entry.is_symlink() or (entry.is_file() and entry.name.endswith(".ipynb")):
+            skipped.append(Skipped(entry.name, entry, "not an nbgrader submission folder (inbound/ holds "
+                                   "only student+assignment+timestamp folders; links are never followed)"))
+    for folder in inbound.unnamed:
+        skipped.append(Skipped(folder.name, folder, "not named like an nbgrader submission "
+                               "(student+assignment+timestamp)"))
+    subs = []
+    for entry in inbound.latest:
+        earlier = [f"superseded:{nbgrader_layout.iso(e.when)}" for e in inbound.superseded[entry.path]]
+        for nb_path in _walk(entry.path, exclude, skipped, lambda p, s=entry.student: s):
+            sub = _candidate(nb_path, entry.student, skipped)
+            if sub is not None:
+                sub.submitted_at = nbgrader_layout.iso(entry.when)
+                sub.flags += earlier
+                subs.append(sub)
+    return subs
 
 
 def _one_per_path(subs: list[Submission]) -> list[Submission]:
@@ -283,7 +321,8 @@ def examine(sub: Submission, known: dict[str, Release], labs: list[str]) -> dict
 
 
 def one_per_lab(subs: list[Submission], known: dict[str, Release]) -> list[Submission]:
-    """One submission per student and lab: the one named like the release, else the newest."""
+    """One submission per student and lab: the latest nbgrader submission, then the one named like
+    the release, then the newest file."""
     groups: dict[str, list[Submission]] = {}
     for sub in subs:
         groups.setdefault(sub.key, []).append(sub)
@@ -293,7 +332,7 @@ def one_per_lab(subs: list[Submission], known: dict[str, Release]) -> list[Submi
             chosen.append(group[0])
             continue
         release = known.get(group[0].lab or "")
-        group.sort(key=lambda s: (release is not None and s.path.name == release.path.name,
+        group.sort(key=lambda s: (s.submitted_at or "", release is not None and s.path.name == release.path.name,
                                   s.path.lstat().st_mtime, s.path.name), reverse=True)
         winner = group[0]
         winner.flags += [f"ignored:{other.path.name}" for other in group[1:]]

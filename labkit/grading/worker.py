@@ -177,6 +177,9 @@ def entry(job: dict, log: str) -> None:
     os.environ[JOB_MARKER] = job["marker"]
     reaper.become_subreaper()
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    grade(job)
+    try:
+        grade(job)
+    finally:
+        reaper.collect_zombies()  # the sandboxes' dead that re-parented to this worker
     sys.stdout.flush()
     sys.stderr.flush()

@@ -15,6 +15,7 @@ import json
 import os
 import signal
 import subprocess
+import time
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -24,6 +25,7 @@ from labkit.sandbox.policy import Policy
 
 # bwrap reports a death by signal N as exit status 128 + N, like a shell.
 SIGNAL_BASE = 128
+ORPHAN_GRACE = 10.0  # seconds to collect a sandbox's killed processes (only killed ones wait)
 
 
 class Outcome(StrEnum):
@@ -68,28 +70,17 @@ def hand_over(path: Path, uid: int, gid: int) -> None:
                 pass
 
 
-def _reap(pid: int, grace: float = 2.0) -> None:
-    """Collect bwrap's first process inside, which outlives bwrap by a moment.
+def _collect(pids: set[int], grace: float = ORPHAN_GRACE) -> None:
+    """Collect the killed processes of a sandbox that re-parented to the judge.
 
-    When bwrap exits it leaves that process to be re-parented; to a subreaper (the judge is
-    one) it then stays a zombie unless collected. Waits until it is collected or gone.
+    When bwrap dies before its first process inside (a cgroup kill signals both at once), that
+    process and whatever it still had inside re-parent to the judge, a subreaper: uncollected,
+    they stay zombies of a grader that may run for hours. Waits (bounded) until each is
+    collected or gone; a slow pid-namespace teardown on a loaded machine takes seconds.
     """
-    import time
+    from labkit.judge import reaper
 
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline:
-        try:
-            done, _ = os.waitpid(pid, os.WNOHANG)
-            if done:
-                return
-        except ChildProcessError:  # not (yet) ours: gone, or still bwrap's
-            try:
-                with open(f"/proc/{pid}/comm") as fh:
-                    if fh.read().strip() != "bwrap":
-                        return
-            except OSError:
-                return
-        time.sleep(0.002)
+    reaper.collect(pids, time.monotonic() + grace)
 
 
 @dataclass
@@ -106,6 +97,10 @@ class Box:
 
     @classmethod
     def open(cls, policy: Policy, hierarchy: cgroups.Hierarchy | None = None) -> Box:
+        from labkit.judge import reaper
+
+        # bwrap's first process inside can outlive bwrap; it must re-parent to us to be collected.
+        reaper.become_subreaper()
         box = cls(policy)
         if policy.drops_privileges:
             for path in policy.writable:
@@ -225,13 +220,18 @@ class Box:
             if self._status_r is not None:
                 os.close(self._status_r)
                 self._status_r = None
+            orphans: set[int] = set()
             if self.group is not None:
                 self._killed = self.group.kill()
                 self._usage = self.group.usage()
                 self.group.remove()
+                orphans |= self.group.orphans
                 self.group = None
             if "child-pid" in self._state:
-                _reap(int(self._state["child-pid"]))
+                orphans.add(int(self._state["child-pid"]))
+            if proc is not None:  # bwrap itself is the caller's Popen to wait for, never ours
+                orphans.discard(proc.pid)
+            _collect(orphans)
         raw = proc.__dict__.get("_raw_returncode", proc.returncode) if proc is not None else None
         code = returncode(raw)
         usage = self._usage

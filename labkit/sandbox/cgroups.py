@@ -68,6 +68,14 @@ def find() -> Hierarchy | None:
     return None
 
 
+def _parent(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return int(fh.read().rsplit(b")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 @dataclass
 class Usage:
     memory_peak: int | None = None
@@ -82,6 +90,10 @@ class Group:
     hierarchy: Hierarchy
     name: str
     paths: dict[str, Path] = field(default_factory=dict)
+    # What `kill` signalled that was not this process's own child: when its parent (bwrap) dies
+    # first it re-parents to us, a subreaper, and must be collected. Our own children (bwrap
+    # itself) are left to the Popen that started them.
+    orphans: set[int] = field(default_factory=set)
 
     @classmethod
     def create(cls, hierarchy: Hierarchy, memory_bytes: int | None, max_processes: int | None,
@@ -148,8 +160,11 @@ class Group:
                 break
             for pid in pids:
                 try:
+                    parent = _parent(pid)
                     os.kill(pid, signal.SIGKILL)
                     killed.add(pid)
+                    if parent != os.getpid():
+                        self.orphans.add(pid)
                 except ProcessLookupError:
                     pass
             time.sleep(0.005)

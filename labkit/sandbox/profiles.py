@@ -22,6 +22,7 @@ import importlib.util
 import os
 import shutil
 import sys
+import threading
 from pathlib import Path
 
 from labkit import limits
@@ -172,8 +173,14 @@ def child_box(module: Path, workdir: Path, env: dict[str, str], code_modules: tu
 
 
 def copy_module(policy: Policy) -> Policy:
-    """Make the readable copies a child's policy shows in place of the student's module."""
+    """Make the readable copies a child's policy shows in place of the student's module.
+
+    Children started side by side share a work folder, so each copy is written under a name of
+    its own and renamed into place: a child being started never reads a copy another one is
+    still writing (a truncated module whose later functions are missing)."""
     for copy, original in policy.mapped:
-        shutil.copyfile(original, copy)
-        os.chmod(copy, 0o644)
+        partial = Path(copy).with_name(f"{Path(copy).name}.{os.getpid()}-{threading.get_ident()}.part")
+        shutil.copyfile(original, partial)
+        os.chmod(partial, 0o644)
+        os.replace(partial, copy)
     return policy

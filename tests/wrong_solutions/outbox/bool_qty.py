@@ -1,4 +1,4 @@
-"""Wrong: validate_event checks qty with isinstance(qty, int), which accepts True. Fails step 1. Message: `isinstance(True, int)` is True"""
+"""Wrong: validate_event checks qty with isinstance(qty, int), which accepts True. Fails step 1. Clause: 1.qty-bool. Message: `isinstance(True, int)` is True"""
 
 # --- provided code -----------------------------------------------
 import json
@@ -196,9 +196,9 @@ def _check_url(url):
     except ValueError:
         raise ValueError(f"bad port in {url!r}") from None
     if (parts.scheme != "http" or parts.path != "/events" or "?" in url or "#" in url
-            or "@" in parts.netloc or port is None or url != f"http://{parts.netloc}/events"):
-        raise ValueError(f"url must be exactly http://HOST:PORT/events, not {url!r}")
-    host = parts.hostname
+            or "@" in parts.netloc or not port or url != f"http://{parts.netloc}/events"):
+        raise ValueError(f"url must be exactly http://HOST:PORT/events (PORT 1-65535), not {url!r}")
+    host = parts.netloc.rpartition(":")[0]  # as written: .hostname would lower-case LOCALHOST
     if host == "localhost":
         return
     try:

@@ -1,4 +1,4 @@
-"""Wrong: send_http catches urllib.error.URLError instead of HTTPError, so a refused connection becomes a DeliveryError. Fails step 8. Message: Network failures are not DeliveryError"""
+"""Wrong: send_http catches urllib.error.URLError instead of HTTPError, so a refused connection becomes a DeliveryError. Fails step 8. Clause: 8.network-error. Message: Network failures are not DeliveryError"""
 
 # --- provided code -----------------------------------------------
 import json
@@ -196,9 +196,9 @@ def _check_url(url):
     except ValueError:
         raise ValueError(f"bad port in {url!r}") from None
     if (parts.scheme != "http" or parts.path != "/events" or "?" in url or "#" in url
-            or "@" in parts.netloc or port is None or url != f"http://{parts.netloc}/events"):
-        raise ValueError(f"url must be exactly http://HOST:PORT/events, not {url!r}")
-    host = parts.hostname
+            or "@" in parts.netloc or not port or url != f"http://{parts.netloc}/events"):
+        raise ValueError(f"url must be exactly http://HOST:PORT/events (PORT 1-65535), not {url!r}")
+    host = parts.netloc.rpartition(":")[0]  # as written: .hostname would lower-case LOCALHOST
     if host == "localhost":
         return
     try:
