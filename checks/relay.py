@@ -267,7 +267,7 @@ def check_enqueue(ctx: StepContext) -> list[Case]:
         ("sku has 33 characters", event(name(rng, "long-sku"), "s" * 33), "Call validate_event first: sku has at most "
                                                                          "32 characters."),
         ("an extra key", {**event(name(rng, "extra")), "note": "x"}, "Call validate_event first: exactly id, sku and qty."),
-        ("not a dict", [("id", "x")], "Call validate_event first: an event is a dict."),
+        ("not a dict", [("id", "not-a-dict")], "Call validate_event first: an event is a dict."),
         ("a missing key", {"id": name(rng, "nosku"), "qty": 3}, "Call validate_event first: all three keys are "
                                                                 "required (a ValueError, not a KeyError)."),
     ]
@@ -340,7 +340,7 @@ def check_enqueue(ctx: StepContext) -> list[Case]:
     for label, bad, hint in invalid:
         plans.append(Plan(label, f"enqueue(con, {show(bad, 70)})", "ValueError; nothing written",
                           both(under("2.validate", raises("ValueError", hint)),
-                               under("2.validate", nothing_for(bad["id"] if isinstance(bad, dict) else "x", hint))),
+                               under("2.validate", nothing_for(bad["id"] if isinstance(bad, dict) else "not-a-dict", hint))),
                           clauses=("2.validate",)))
         args.append(bad)
     shortest = event(rng.choice(string.ascii_letters + string.digits), "s" * 32, 1)
