@@ -1,7 +1,9 @@
 """Values that cross the pipe from a child to the judge.
 
-JSON loses the differences the labs care about (True vs 1, tuple vs list, bytes vs str),
-so every value travels tagged and is rebuilt on the judge's side.
+JSON loses the differences the labs care about (True vs 1, tuple vs list, bytes vs str vs
+bytearray), so every value travels tagged and is rebuilt on the judge's side: `decode(encode(v))`
+has v's exact type for every tag below, so a case built from a bytearray hands the student a
+bytearray, never a look-alike.
 """
 
 from __future__ import annotations
@@ -48,10 +50,10 @@ def encode(value: Any, depth: int = 0, _left: list[int] | None = None) -> dict:
         text = value[: min(100_000, left[0])]
         left[0] -= len(text)
         return {"t": "str", "v": text}
-    if kind is bytes:
-        data = value[: min(100_000, left[0])]
+    if kind is bytes or kind is bytearray:
+        data = bytes(value[: min(100_000, left[0])])
         left[0] -= len(data)
-        return {"t": "bytes", "v": data.decode("latin-1")}
+        return {"t": kind.__name__, "v": data.decode("latin-1")}
     if kind in (list, tuple):
         items = [encode(item, depth + 1, left) for item in value[:MAX_ITEMS]]
         return {"t": kind.__name__, "v": items, "cut": len(value) > MAX_ITEMS}
@@ -76,6 +78,8 @@ def decode(data: dict) -> Any:
         return float(data["v"])
     if tag == "bytes":
         return data["v"].encode("latin-1")
+    if tag == "bytearray":
+        return bytearray(data["v"].encode("latin-1"))
     if tag == "list":
         return [decode(item) for item in data["v"]]
     if tag == "tuple":

@@ -197,6 +197,36 @@ def test_commit_then_kill_before_ack_duplicate_acks_are_recorded(feeds):
     assert feed.acks() == [0, 1, 2, 1, 2]
 
 
+def test_on_ack_observes_the_moment_each_ack_arrives_before_the_next_line(feeds):
+    """The observer runs in the feed's thread between the ACK and the next line: what it sees is
+    the state at that ACK (here: how many lines the client had been sent by then)."""
+    sent_then: list[int] = []
+    feed = None
+
+    def observe(conn: int, seq: int) -> dict:
+        sent_then.append(len([e for e in feed.journal() if e["kind"] == "sent"]))
+        return {"conn": conn, "seq": seq}
+
+    feed = feeds(LOG4[:3], on_ack=observe)
+    assert consume(feed, -1) == LOG4[:3]
+    assert feed.wait_idle(2.0)
+    acks = [e for e in feed.journal() if e["kind"] == "ack"]
+    assert [e["observed"] for e in acks] == [{"conn": 1, "seq": s} for s in (0, 1, 2)]
+    assert sent_then == [1, 2, 3]  # never a line ahead of the ACK being observed
+
+
+def test_a_failing_ack_observer_is_journaled_not_raised(feeds):
+    def broken(conn: int, seq: int) -> dict:
+        raise RuntimeError("observer broke")
+
+    feed = feeds(LOG4[:2], on_ack=broken)
+    assert consume(feed, -1) == LOG4[:2]
+    assert feed.wait_idle(2.0)
+    assert feed.acks() == [0, 1]
+    assert all("observer broke" in e["observed"]["error"] for e in feed.journal() if e["kind"] == "ack")
+    assert closed_reasons(feed) == ["done"]
+
+
 def test_reset_does_not_crash_leak_or_print(feeds, capfd):
     hooked = []
     old_hook = threading.excepthook

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from catalogue import by_step, failures, promise, touched_definitions
+from catalogue import by_step, failures, promise, step_verdicts, touched_definitions
 
 from labkit import labs
 from labkit.judge.run import LabSpec, run_lab
@@ -80,12 +80,16 @@ def nothing_left_running() -> list[str]:
 # --- the catalogue ------------------------------------------------------------------------
 
 
-def test_the_catalogue_is_complete():
-    assert len(WRONG) >= 16
+def test_the_catalogue_is_complete(lab):
+    """At least 40 wrong clients, the ones the lab's issue named, and one naming every clause."""
+    assert len(WRONG) >= 40
     names = {p.stem for p in WRONG}
     assert REQUIRED <= names, f"missing wrong solutions: {sorted(REQUIRED - names)}"
-    for path in WRONG:
-        promise(path)
+    named = {promise(path)["clause"] for path in WRONG}
+    assert None not in named, [p.name for p in WRONG if promise(p)["clause"] is None]
+    declared = {c.id for c in lab.contract}
+    assert named <= declared, f"wrong solutions name undeclared clauses: {sorted(named - declared)}"
+    assert declared <= named, f"clauses no wrong solution names: {sorted(declared - named)}"
 
 
 @pytest.mark.parametrize("path", WRONG, ids=[p.stem for p in WRONG])
@@ -177,20 +181,71 @@ def test_final_exposes_a_client_that_forgets_its_cursor(lab, name):
 # --- the wrong solutions ------------------------------------------------------------------
 
 
+# Which steps run each top-level definition of the reference (what the check of that step calls,
+# directly or through the student's other functions). A step that runs none of the definitions
+# a wrong solution changes runs the reference's own code: its verdict is the reference's.
+ALL_STEPS = {"1", "2", "3", "4", "5", "6", "7", "final"}
+USES = {
+    "FRAME": {"1", "5", "6", "7", "final"}, "parse_line": {"1", "5", "6", "7", "final"},
+    "open_store": {"2", "7", "final"}, "state": {"2", "6", "7", "final"},
+    "Gap": {"3", "5", "6", "7", "final"}, "Conflict": {"3", "5", "6", "7", "final"},
+    "apply_event": {"3", "5", "6", "7", "final"}, "ResyncRequired": {"4"}, "replay": {"4"},
+    "consume_line": {"5", "6", "7", "final"}, "consume_session": {"6", "7", "final"},
+    "run_client": {"7", "final"},
+}
+
+
+def independent_steps(lab: LabSpec, step: str) -> list[str]:
+    """The steps a mistake promised for `step` must leave passing. The final check integrates
+    steps 2, 5, 6 and 7 (and what they build on): every mistake it catches also shows in one of
+    them, so only the steps it does not build on must pass."""
+    if step == "final":
+        needed = set(requires_all(lab, "final"))
+        return [str(s.step) for s in lab.steps if str(s.step) not in needed]
+    return [str(s.step) for s in lab.steps if str(s.step) not in dependents(lab, step)]
+
+
+def requires_all(lab: LabSpec, step: str) -> set[str]:
+    """Every step `step` builds on, directly or through another step, and itself."""
+    found, todo = set(), [step]
+    while todo:
+        current = todo.pop()
+        if current in found:
+            continue
+        found.add(current)
+        todo += [str(n) for n in lab.step(current).requires]
+    return found
+
+
+def reached(path: Path) -> set[str]:
+    """The steps that run what `path` changes (every step for a change outside a known definition)."""
+    return set().union(*(USES.get(name, ALL_STEPS) for name in touched_definitions(path, REFERENCE)))
+
+
 @pytest.mark.parametrize("path", WRONG, ids=[p.stem for p in WRONG])
 def test_wrong_solution_fails_its_step(lab, path):
+    """The promised step fails, with the promised message and a case naming the promised clause;
+    the steps that do not build on it and run the changed code still pass. (Runs share
+    tests/catalogue.py's cache with the seed, coverage and no-blame tests.)"""
     said = promise(path)
     step = said["step"]
-    # The intended step, and every step that does not build on it: those must still pass.
-    independent = [str(s.step) for s in lab.steps if str(s.step) not in dependents(lab, step)]
-    steps = by_step(run_lab(lab, path, steps=independent, seed=SEED))
+    others = sorted(set(independent_steps(lab, step)) & reached(path) - {step})
+    steps = step_verdicts("vending", path, [step, *others], SEED)
     assert not steps[step].passed, f"{path.name}: step {step} passed although it is wrong: {said['mistake']}"
     assert steps[step].status == "failed"
     messages = failures(steps[step])
     assert said["message"] in messages, (f"{path.name}: step {step} fails, but not with the promised "
                                          f"message {said['message']!r}:\n{messages}")
-    others = {s: failures(v) for s, v in steps.items() if s != step and not v.passed}
-    assert not others, f"{path.name}: steps that do not build on step {step} fail too: {others}"
+    caught = {clause for c in steps[step].cases if not c.passed for clause in c.clauses}
+    assert said["clause"] in caught, f"{path.name}: no failing case names clause {said['clause']}: {sorted(caught)}"
+    broken = {s: failures(v) for s, v in steps.items() if s != step and not v.passed}
+    assert not broken, f"{path.name}: steps that do not build on step {step} fail too: {broken}"
+
+
+def test_every_definition_a_wrong_solution_changes_has_known_uses():
+    """USES must name every definition the catalogue touches (else the test above runs every step)."""
+    unknown = {name for path in WRONG for name in touched_definitions(path, REFERENCE)} - set(USES)
+    assert not unknown, f"add the steps that run {sorted(unknown)} to USES"
 
 
 # --- modules that do not load, hang, or never return -----------------------------------------

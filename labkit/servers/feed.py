@@ -15,7 +15,9 @@ Faults are consumed one per *connection*, in connection order: connection 1 gets
 
 Everything the server sees or does is recorded in a thread-safe journal of dicts,
 each with ``"t"`` (``time.time()``), ``"conn"`` (1-based connection number) and
-``"kind"``.  The server never prints: peer resets and protocol errors are journal
+``"kind"``. With ``on_ack``, each ACK entry also holds what that callback observed at the
+very moment the ACK arrived (e.g. the judge reading the client's store with its own
+connection: "after the ACK, another connection already sees the commit").  The server never prints: peer resets and protocol errors are journal
 entries, not exceptions.
 
 Blocking sockets and threads: one accept thread plus one thread per connection.
@@ -31,7 +33,7 @@ import select
 import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -149,8 +151,10 @@ class _Server:
         faults: tuple[str, ...],
         stall_seconds: float,
         io_timeout: float,
+        on_ack: Callable[[int, int], Any] | None = None,
     ) -> None:
         self.events = events
+        self.on_ack = on_ack
         self.faults = faults
         self.stall_seconds = stall_seconds
         self.io_timeout = io_timeout
@@ -342,7 +346,14 @@ class _Server:
         if line != f"ACK {seq}\n".encode("ascii"):
             self.record(k, "bad_ack", line=_text(line), expected=seq)
             return "bad_ack"
-        self.record(k, "ack", seq=seq)
+        if self.on_ack is None:
+            self.record(k, "ack", seq=seq)
+            return None
+        try:  # before the next line goes out, so nothing the client does later can blur it
+            seen = self.on_ack(k, seq)
+        except Exception as exc:  # the observer's own failure is evidence, not a crash
+            seen = {"error": repr(exc)}
+        self.record(k, "ack", seq=seq, observed=seen)
         return None
 
     # -- public helpers ----------------------------------------------------------
@@ -439,6 +450,7 @@ def start_feed(
     stall_seconds: float = 5.0,
     first_seq: int | None = None,
     io_timeout: float = 5.0,
+    on_ack: Callable[[int, int], Any] | None = None,
 ) -> Feed:
     """Start a feed serving ``events`` (consecutive ascending ``(seq, delta)``).
 
@@ -446,6 +458,9 @@ def start_feed(
     ``first_seq``: the start of the retained log; events with a smaller seq are
     dropped from it (a feed that "forgot" them), default: the first event's seq.
     ``io_timeout``: the bound on waiting for the RESUME line and for each ACK.
+    ``on_ack(conn, seq)``: called in the feed's thread the moment a well-formed ACK arrives,
+    before anything else is sent on that connection; its result is the ACK entry's
+    ``"observed"``. Keep it short and bounded (it delays the next line).
     """
     log: list[tuple[int, int]] = []
     for item in events:
@@ -471,5 +486,5 @@ def start_feed(
         raise ValueError(f"bad stall_seconds: {stall_seconds!r}")
     if not _is_seconds(io_timeout) or io_timeout == 0:
         raise ValueError(f"bad io_timeout: {io_timeout!r}")
-    srv = _Server(log, fault_list, float(stall_seconds), float(io_timeout))
+    srv = _Server(log, fault_list, float(stall_seconds), float(io_timeout), on_ack)
     return Feed(HOST, srv.port, srv)

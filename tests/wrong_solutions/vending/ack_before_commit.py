@@ -1,4 +1,4 @@
-"""Wrong: consume_session writes and drains the ACK before calling consume_line. Fails step 6. Message: the ACK went out before the commit"""
+"""Wrong: consume_session writes and drains the ACK before calling consume_line. Fails step 6. Clause: 6.hook-before-ack. Message: the ACK went out before the commit"""
 
 # --- provided code -----------------------------------------------
 import asyncio

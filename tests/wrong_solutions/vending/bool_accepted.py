@@ -1,4 +1,4 @@
-"""Wrong: apply_event checks seq and delta with isinstance(x, int), which accepts True. Fails step 3. Message: `isinstance(True, int)` is True"""
+"""Wrong: apply_event checks seq and delta with isinstance(x, int), which accepts True. Fails step 3. Clause: 3.types. Message: `isinstance(True, int)` is True"""
 
 # --- provided code -----------------------------------------------
 import asyncio

@@ -1,4 +1,4 @@
-"""Wrong: consume_session catches CancelledError and returns the state instead of propagating it. Fails step 6. Message: Let CancelledError propagate"""
+"""Wrong: consume_session catches CancelledError and returns the state instead of propagating it. Fails step 6. Clause: 6.cancel-propagates. Message: Let CancelledError propagate"""
 
 # --- provided code -----------------------------------------------
 import asyncio

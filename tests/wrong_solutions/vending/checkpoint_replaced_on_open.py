@@ -1,4 +1,4 @@
-"""Wrong: open_store writes the checkpoint row with INSERT OR REPLACE, which resets the cursor on every start. Fails step 2. Message: Resetting the cursor"""
+"""Wrong: open_store writes the checkpoint row with INSERT OR REPLACE, which resets the cursor on every start. Fails step 2. Clause: 2.keep-saved. Message: Resetting the cursor"""
 
 # --- provided code -----------------------------------------------
 import asyncio

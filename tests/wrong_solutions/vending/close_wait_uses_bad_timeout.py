@@ -1,4 +1,4 @@
-"""Wrong: consume_session bounds the close wait by timeout even when timeout is invalid, instead of 1 s. Fails step 6. Message: bound wait_closed by 1 s"""
+"""Wrong: consume_session bounds the close wait by timeout even when timeout is invalid, instead of 1 s. Fails step 6. Clause: 6.close-wait-bounded. Message: bound wait_closed by 1 s"""
 
 # --- provided code -----------------------------------------------
 import asyncio

@@ -1,4 +1,4 @@
-"""Wrong: consume_line swallows Conflict and ACKs the line anyway, so the feed moves on. Fails step 5. Message: A Conflict is not delivered"""
+"""Wrong: consume_line swallows Conflict and ACKs the line anyway, so the feed moves on. Fails step 5. Clause: 5.errors-propagate. Message: A Conflict is not delivered"""
 
 # --- provided code -----------------------------------------------
 import asyncio

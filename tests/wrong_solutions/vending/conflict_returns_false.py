@@ -1,4 +1,4 @@
-"""Wrong: apply_event returns False for any seq it has seen, without comparing the delta, instead of raising Conflict. Fails step 3. Message: is a Conflict"""
+"""Wrong: apply_event returns False for any seq it has seen, without comparing the delta, instead of raising Conflict. Fails step 3. Clause: 3.conflict. Message: is a Conflict"""
 
 # --- provided code -----------------------------------------------
 import asyncio

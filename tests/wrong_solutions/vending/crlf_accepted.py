@@ -1,4 +1,4 @@
-"""Wrong: parse_line's pattern allows an optional CR before the LF, so CRLF frames are accepted. Fails step 1. Message: CRLF"""
+"""Wrong: parse_line's pattern allows an optional CR before the LF, so CRLF frames are accepted. Fails step 1. Clause: 1.no-crlf. Message: CRLF is not this feed's line ending"""
 
 # --- provided code -----------------------------------------------
 import asyncio

@@ -1,4 +1,4 @@
-"""Wrong: apply_event commits the cursor first and the ledger row and total in a second transaction. Fails step 3. Message: the cursor was already"""
+"""Wrong: apply_event commits the cursor first and the ledger row and total in a second transaction. Fails step 3. Clause: 3.one-transaction. Message: part of the event was committed early"""
 
 # --- provided code -----------------------------------------------
 import asyncio

@@ -1,4 +1,4 @@
-"""Wrong: run_client closes the DB connection only after a successful session. Fails step 7. Message: Close the DB connection on every path"""
+"""Wrong: run_client closes the DB connection only after a successful session. Fails step 7. Clause: 7.db-closed. Message: Close the DB connection on every path"""
 
 # --- provided code -----------------------------------------------
 import asyncio

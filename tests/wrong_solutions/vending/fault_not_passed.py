@@ -1,4 +1,4 @@
-"""Wrong: consume_line does not pass fault on to apply_event. Fails step 5. Message: Pass `fault` along"""
+"""Wrong: consume_line does not pass fault on to apply_event. Fails step 5. Clause: 5.fault-passed. Message: Pass `fault` on"""
 
 # --- provided code -----------------------------------------------
 import asyncio

@@ -1,4 +1,4 @@
-"""Wrong: apply_event applies any seq after last, so a missing event is skipped instead of raising Gap. Fails step 3. Message: raise Gap, apply nothing"""
+"""Wrong: apply_event applies any seq after last, so a missing event is skipped instead of raising Gap. Fails step 3. Clause: 3.gap. Message: raise Gap, apply nothing"""
 
 # --- provided code -----------------------------------------------
 import asyncio

@@ -1,4 +1,4 @@
-"""Wrong: parse_line's pattern takes any run of digits, so leading zeros are accepted. Fails step 1. Message: No leading zeros"""
+"""Wrong: parse_line's pattern takes any run of digits, so leading zeros are accepted. Fails step 1. Clause: 1.no-leading-zero. Message: No leading zeros"""
 
 # --- provided code -----------------------------------------------
 import asyncio

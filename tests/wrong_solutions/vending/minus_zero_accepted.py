@@ -1,4 +1,4 @@
-"""Wrong: parse_line allows a minus sign before 0, so -0 is accepted. Fails step 1. Message: `-0` is refused"""
+"""Wrong: parse_line allows a minus sign before 0, so -0 is accepted. Fails step 1. Clause: 1.no-minus-zero. Message: `-0` is refused"""
 
 # --- provided code -----------------------------------------------
 import asyncio

@@ -1,4 +1,4 @@
-"""Wrong: consume_session ignores a close wait that times out or fails, without aborting the transport. Fails step 6. Message: writer.transport.abort() was not called"""
+"""Wrong: consume_session ignores a close wait that times out or fails, without aborting the transport. Fails step 6. Clause: 6.abort. Message: writer.transport.abort() was not called"""
 
 # --- provided code -----------------------------------------------
 import asyncio

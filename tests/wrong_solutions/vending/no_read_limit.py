@@ -1,4 +1,4 @@
-"""Wrong: run_client connects without limit=64, so readline reads an oversized line into memory. Fails step 7. Message: Pass `limit=64`"""
+"""Wrong: run_client connects without limit=64, so readline reads an oversized line into memory. Fails step 7. Clause: 7.read-limit. Message: Pass `limit=64`"""
 
 # --- provided code -----------------------------------------------
 import asyncio

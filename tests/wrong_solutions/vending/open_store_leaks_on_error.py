@@ -1,4 +1,4 @@
-"""Wrong: open_store does not close the connection when initialisation fails. Fails step 2. Message: raised, but left the connection open"""
+"""Wrong: open_store does not close the connection when initialisation fails. Fails step 2. Clause: 2.init-failure. Message: the connection to the file was left open"""
 
 # --- provided code -----------------------------------------------
 import asyncio

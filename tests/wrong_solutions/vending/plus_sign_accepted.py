@@ -1,4 +1,4 @@
-"""Wrong: parse_line allows a + or - sign on both numbers, so +5 (and -0) are accepted. Fails step 1. Message: No `+` sign"""
+"""Wrong: parse_line allows a + or - sign on both numbers, so +5 (and -0) are accepted. Fails step 1. Clause: 1.no-plus. Message: No `+` sign"""
 
 # --- provided code -----------------------------------------------
 import asyncio

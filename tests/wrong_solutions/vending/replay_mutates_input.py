@@ -1,4 +1,4 @@
-"""Wrong: replay pops the events the client already has off the caller's list. Fails step 4. Message: the list passed in was modified"""
+"""Wrong: replay pops the events the client already has off the caller's list. Fails step 4. Clause: 4.no-mutation. Message: the list passed in was modified"""
 
 # --- provided code -----------------------------------------------
 import asyncio

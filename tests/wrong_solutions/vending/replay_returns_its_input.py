@@ -1,4 +1,4 @@
-"""Wrong: replay returns the caller's own list when nothing is left out. Fails step 4. Message: returned the very list it was given"""
+"""Wrong: replay returns the caller's own list when nothing is left out. Fails step 4. Clause: 4.new-list. Message: returned the very list it was given"""
 
 # --- provided code -----------------------------------------------
 import asyncio

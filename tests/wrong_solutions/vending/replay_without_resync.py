@@ -1,4 +1,4 @@
-"""Wrong: replay never raises ResyncRequired and returns what it has, hiding the hole. Fails step 4. Message: raise ResyncRequired when last < first_seq - 1"""
+"""Wrong: replay never raises ResyncRequired and returns what it has, hiding the hole. Fails step 4. Clause: 4.resync. Message: raise ResyncRequired when last < first_seq - 1"""
 
 # --- provided code -----------------------------------------------
 import asyncio

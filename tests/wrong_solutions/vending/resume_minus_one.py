@@ -1,4 +1,4 @@
-"""Wrong: run_client always sends RESUME -1 instead of the store's last. Fails step 7. Message: read `last` from the store, never reset it"""
+"""Wrong: run_client always sends RESUME -1 instead of the store's last. Fails step 7. Clause: 7.resume. Message: with the `last` read from the store"""
 
 # --- provided code -----------------------------------------------
 import asyncio

@@ -1,4 +1,4 @@
-"""Wrong: run_client does not close the writer when sending RESUME fails. Fails step 7. Message: the socket was still open"""
+"""Wrong: run_client does not close the writer when sending RESUME fails. Fails step 7. Clause: 7.socket-closed. Message: the process still held a socket"""
 
 # --- provided code -----------------------------------------------
 import asyncio

@@ -1,4 +1,4 @@
-"""Wrong: state returns the row as a list, not a tuple. Fails step 2. Message: Return a tuple `(last, total)`"""
+"""Wrong: state returns the row as a list, not a tuple. Fails step 2. Clause: 2.state. Message: Return a tuple `(last, total)`"""
 
 # --- provided code -----------------------------------------------
 import asyncio

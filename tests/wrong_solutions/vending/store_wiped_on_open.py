@@ -1,4 +1,4 @@
-"""Wrong: open_store drops both tables before creating them, so every start wipes the saved cursor. Fails step 2. Message: never drop, clear or reset"""
+"""Wrong: open_store drops both tables before creating them, so every start wipes the saved cursor. Fails step 2. Clause: 2.keep-saved. Message: never drop, clear or reset"""
 
 # --- provided code -----------------------------------------------
 import asyncio

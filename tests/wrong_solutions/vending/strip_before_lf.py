@@ -1,4 +1,4 @@
-"""Wrong: parse_line normalises the line ending before checking it, so a torn frame without LF is accepted. Fails step 1. Message: A frame without its final LF is torn"""
+"""Wrong: parse_line normalises the line ending before checking it, so a torn frame without LF is accepted. Fails step 1. Clause: 1.final-lf. Message: A frame without its final LF is torn"""
 
 # --- provided code -----------------------------------------------
 import asyncio

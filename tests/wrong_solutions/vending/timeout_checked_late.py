@@ -1,4 +1,4 @@
-"""Wrong: run_client leaves the timeout check to consume_session, so it opens the store and connects first. Fails step 7. Message: ValueError, but only after"""
+"""Wrong: run_client leaves the timeout check to consume_session, so it opens the store and connects first. Fails step 7. Clause: 7.validate-first. Message: positive, finite int or float"""
 
 # --- provided code -----------------------------------------------
 import asyncio

@@ -1,4 +1,4 @@
-"""Wrong: apply_event rolls back only on sqlite3 errors, so a failing fault() leaves the transaction open. Fails step 3. Message: the call returned with a transaction still open"""
+"""Wrong: apply_event rolls back only on sqlite3 errors, so a failing fault() leaves the transaction open. Fails step 3. Clause: 3.no-open-transaction. Message: a write lock was still held"""
 
 # --- provided code -----------------------------------------------
 import asyncio

@@ -1,4 +1,4 @@
-"""Wrong: consume_session awaits reader.readline() without a timeout, so a stalled feed hangs it. Fails step 6. Message: asyncio.wait_for(reader.readline(), timeout)"""
+"""Wrong: consume_session awaits reader.readline() without a timeout, so a stalled feed hangs it. Fails step 6. Clause: 6.read-bounded. Message: asyncio.wait_for(reader.readline(), timeout)"""
 
 # --- provided code -----------------------------------------------
 import asyncio

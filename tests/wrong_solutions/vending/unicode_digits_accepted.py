@@ -1,4 +1,4 @@
-"""Wrong: parse_line decodes the line and uses isdigit() and int(), which accept fullwidth and Arabic-Indic digits. Fails step 1. Message: Only ASCII"""
+"""Wrong: parse_line decodes the line and uses isdigit() and int(), which accept fullwidth and Arabic-Indic digits. Fails step 1. Clause: 1.ascii. Message: Only ASCII"""
 
 # --- provided code -----------------------------------------------
 import asyncio

@@ -1,4 +1,4 @@
-"""Wrong: consume_session closes the writer only at a normal EOF, not on errors or cancellation. Fails step 6. Message: the writer was never closed"""
+"""Wrong: consume_session closes the writer only at a normal EOF, not on errors or cancellation. Fails step 6. Clause: 6.close-every-path. Message: the writer was never closed"""
 
 # --- provided code -----------------------------------------------
 import asyncio
