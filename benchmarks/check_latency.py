@@ -5,7 +5,7 @@ with only that step, in this process) and of the whole lab, over `--runs` runs; 
 the median time to start one child interpreter that imports the module and does nothing
 (`labkit.judge.child.run_child(module, "labkit.probe:noop", {})`). Every check starts at least one.
 
-    python benchmarks/check_latency.py [--runs 10] [--lab outbox|vending ...]
+    python benchmarks/check_latency.py [--runs 10] [--lab outbox|vending|relay ...]
 """
 
 from __future__ import annotations

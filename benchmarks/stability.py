@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SOLUTIONS = {"outbox": "worker.py", "vending": "client.py"}
+SOLUTIONS = {"outbox": "worker.py", "vending": "client.py", "relay": "relay.py"}
 
 
 def burn(stop) -> None:

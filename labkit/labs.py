@@ -7,8 +7,9 @@ import importlib.util
 
 from labkit.judge.run import LabSpec
 
-LABS = {"outbox": "checks.outbox", "vending": "checks.vending", "start-here": "checks.warmup"}
-MODULE_FILES = {"outbox": "worker.py", "vending": "client.py", "start-here": "warmup.py"}
+LABS = {"outbox": "checks.outbox", "vending": "checks.vending", "relay": "checks.relay",
+        "start-here": "checks.warmup"}
+MODULE_FILES = {"outbox": "worker.py", "vending": "client.py", "relay": "relay.py", "start-here": "warmup.py"}
 
 
 def available() -> list[str]:

@@ -27,10 +27,14 @@ if str(REPO) not in sys.path:  # the plain `pytest` entry point does not add the
 
 from labkit.servers.warehouse import (  # noqa: E402
     FAULTS,
+    EventFault,
     WarehouseStartError,
     read_log,
+    refused,
+    slow,
     spawn_warehouse,
     start_warehouse,
+    unavailable,
 )
 
 EVENT = {"id": "snack-7", "sku": "snack", "qty": 7}
@@ -40,13 +44,13 @@ EVENT = {"id": "snack-7", "sku": "snack", "qty": 7}
 
 
 def post(url: str, payload: dict | bytes, timeout: float = 2.0, path: str | None = None,
-         method: str = "POST") -> tuple[int, dict[str, str], bytes]:
+         method: str = "POST", headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
     parts = urlsplit(url)
     body = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
     con = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
     try:
         con.request(method, path or parts.path, body=body,
-                    headers={"Content-Type": "application/json"})
+                    headers={"Content-Type": "application/json", **(headers or {})})
         resp = con.getresponse()
         return resp.status, dict(resp.getheaders()), resp.read()
     finally:
@@ -289,6 +293,88 @@ def test_faults_are_consumed_one_per_post_in_order(start):
     assert answers == [(200, b'{"ack": "e0-other"}'), (500, b'{"error": "internal"}'),
                        (200, b'{"ack": "e2"}')]
     assert [r["fault"] for r in wh.requests()] == ["wrong_id", "status_500", "none"]
+
+
+# --- per-event faults and the fencing token (lab 03) -------------------------------------------
+
+OTHER = {"id": "snack-8", "sku": "snack", "qty": 8}
+
+
+def test_unavailable_refuses_only_the_first_n_deliveries_of_that_event(start):
+    wh = start(event_faults={"snack-7": unavailable(2)})
+    answers = [post(wh.url, e)[::2] for e in (EVENT, OTHER, EVENT, EVENT, EVENT)]
+    assert answers == [(503, b'{"error": "unavailable"}'), (200, b'{"ack": "snack-8"}'),
+                       (503, b'{"error": "unavailable"}'), (200, b'{"ack": "snack-7"}'),
+                       (200, b'{"ack": "snack-7"}')]
+    assert outcomes(wh) == [("unavailable_503", "not_applied", "503"), ("none", "applied", "ack"),
+                            ("unavailable_503", "not_applied", "503"), ("none", "applied", "ack"),
+                            ("none", "duplicate", "ack")]
+
+
+def test_refused_is_a_422_with_its_reason_until_lifted(start):
+    wh = start(event_faults={"snack-7": refused("sku snack is discontinued")})
+    for _ in range(3):
+        status, _, body = post(wh.url, EVENT)
+        assert (status, json.loads(body)) == (422, {"error": "unprocessable",
+                                                    "reason": "sku snack is discontinued"})
+    assert post(wh.url, OTHER)[0] == 200  # only that event is refused
+    wh.lift("snack-7")
+    assert post(wh.url, EVENT)[::2] == (200, b'{"ack": "snack-7"}')
+    log = wh.requests()
+    assert [(r["fault"], r["outcome"], r["response"]) for r in log] == [
+        ("refused_422", "not_applied", "422")] * 3 + [("none", "applied", "ack")] * 2
+    assert log[0]["error"] == "sku snack is discontinued"
+
+
+def test_slow_event_is_applied_then_acked_late_and_other_events_are_not_slowed(start):
+    wh = start(event_faults={"snack-7": slow(0.3)})
+    began = time.monotonic()
+    assert post(wh.url, OTHER)[0] == 200
+    assert time.monotonic() - began < 0.25
+    began = time.monotonic()
+    assert post(wh.url, EVENT, timeout=2.0)[::2] == (200, b'{"ack": "snack-7"}')
+    assert time.monotonic() - began >= 0.3
+    with pytest.raises(TimeoutError):  # still slow on a re-delivery: applied, answered late
+        post(wh.url, EVENT, timeout=0.1)
+    deadline = time.monotonic() + 2.0  # its log line is written when the late answer goes out
+    while len(wh.requests()) < 3 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert outcomes(wh) == [("none", "applied", "ack"), ("slow", "applied", "slow_ack"),
+                            ("slow", "duplicate", "slow_ack")]
+
+
+def test_a_positional_fault_wins_over_an_event_fault(start):
+    wh = start(["status_500"], event_faults={"snack-7": unavailable(1)})
+    assert post(wh.url, EVENT)[0] == 500  # the positional fault; the event's count is untouched
+    assert post(wh.url, EVENT)[0] == 503
+    assert post(wh.url, EVENT)[0] == 200
+
+
+def test_the_log_records_the_fencing_token_each_request_carried(start):
+    wh = start(event_faults={"snack-7": unavailable(1)})
+    post(wh.url, EVENT, headers={"Fencing-Token": "41"})
+    post(wh.url, EVENT, headers={"Fencing-Token": "42"})
+    post(wh.url, EVENT)
+    post(wh.url, EVENT, path="/other", headers={"Fencing-Token": "43"})
+    log = wh.requests()
+    assert [(r["token"], r["response"]) for r in log] == [("41", "503"), ("42", "ack"), (None, "ack"),
+                                                           ("43", "404")]
+
+
+@pytest.mark.parametrize(("fault", "match"), [
+    (lambda: EventFault("flaky"), "unknown event fault"),
+    (lambda: unavailable(0), "times >= 1"),
+    (lambda: unavailable(True), "times >= 1"),
+    (lambda: slow(float("nan")), "finite seconds"),
+])
+def test_bad_event_faults_are_refused(fault, match):
+    with pytest.raises(ValueError, match=match):
+        fault()
+
+
+def test_event_faults_must_be_event_fault_values(tmp_path):
+    with pytest.raises(TypeError, match="EventFault"):
+        start_warehouse(tmp_path / "log.jsonl", event_faults={"snack-7": "unavailable"})
 
 
 # --- receive / open_sink mode ------------------------------------------------------------

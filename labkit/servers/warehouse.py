@@ -4,7 +4,11 @@
 in-memory inbox) and answers `200 {"ack": id}` for applied and duplicate events, 409 for a
 conflict, 400 for bad input. Every request is written to a JSON Lines log that the judge reads
 as its own evidence. A list of faults (one per `POST /events`, in arrival order) makes the
-server misbehave in the ways a publisher must survive.
+server misbehave in the ways a publisher must survive. Per-event faults (`EventFault`, keyed
+by event ID) refuse one event in a way that lasts: 503 for its first N deliveries, 422 with a
+reason until `lift(id)`, or a slow ACK. Each log line also carries the fencing token the
+publisher sent in the `Fencing-Token` header (lab 03), so the judge sees which token
+delivered what.
 
 Two ways to run it:
 - in process: `start_warehouse(...)` — for labkit's own receive or trusted test code;
@@ -49,6 +53,8 @@ FAULTS = (
 )
 
 EVENTS_PATH = "/events"
+FENCE_HEADER = "Fencing-Token"  # the publisher's claim token, logged as "token" (lab 03)
+EVENT_FAULT_MODES = ("unavailable", "refused", "slow")
 REDIRECT_LOCATION = "/events/elsewhere"
 MAX_BODY = 64 * 1024  # request bodies above this get 413
 DRAIN_LIMIT = 1024 * 1024  # an oversized body up to this is read and discarded (see _read_body)
@@ -65,6 +71,7 @@ _ERROR_BODIES = {
     409: b'{"error": "conflict"}',
     413: b'{"error": "too_large"}',
     500: b'{"error": "internal"}',
+    503: b'{"error": "unavailable"}',
 }
 _OUTCOME_STATUS = {"conflict": 409, "bad_request": 400, "error": 500}
 
@@ -116,6 +123,42 @@ def _describe(exc: BaseException) -> str:
     return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 3] + "..."
 
 
+@dataclass(frozen=True)
+class EventFault:
+    """How the warehouse treats every delivery of one event ID.
+
+    `unavailable`: 503, not applied, for the first `times` deliveries (a transient failure);
+    `refused`: 422 `{"error": "unprocessable", "reason": reason}`, not applied, until lifted
+    (a permanent one); `slow`: applied, then the ACK after `seconds`.
+    """
+
+    mode: str
+    times: int = 0
+    reason: str = ""
+    seconds: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.mode not in EVENT_FAULT_MODES:
+            raise ValueError(f"unknown event fault {self.mode!r}; known: {', '.join(EVENT_FAULT_MODES)}")
+        if self.mode == "unavailable" and (type(self.times) is not int or self.times < 1):
+            raise ValueError(f"an unavailable fault needs times >= 1, got {self.times!r}")
+        if self.mode == "slow" and (isinstance(self.seconds, bool) or not isinstance(self.seconds, (int, float))
+                                    or not math.isfinite(self.seconds) or self.seconds < 0):
+            raise ValueError(f"a slow fault needs finite seconds >= 0, got {self.seconds!r}")
+
+
+def unavailable(times: int) -> EventFault:
+    return EventFault("unavailable", times=times)
+
+
+def refused(reason: str) -> EventFault:
+    return EventFault("refused", reason=reason)
+
+
+def slow(seconds: float) -> EventFault:
+    return EventFault("slow", seconds=seconds)
+
+
 def _check_faults(faults: Sequence[str]) -> tuple[str, ...]:
     if isinstance(faults, str):
         raise TypeError("faults must be a sequence of fault names, not a single string")
@@ -124,6 +167,12 @@ def _check_faults(faults: Sequence[str]) -> tuple[str, ...]:
     if unknown:
         raise ValueError(f"unknown fault(s) {unknown}; known: {', '.join(FAULTS)}")
     return faults
+
+
+def _check_event_fault(fault: EventFault) -> EventFault:
+    if not isinstance(fault, EventFault):
+        raise TypeError(f"event faults are EventFault values, not {type(fault).__name__}")
+    return fault
 
 
 # ---------------------------------------------------------------------------------------------
@@ -144,6 +193,8 @@ class _State:
     n: int = 0  # requests seen (all paths and methods)
     fault_index: int = 0  # POST /events requests seen
     inbox: dict[str, str] = field(default_factory=dict)  # built-in inbox: id -> canonical body
+    event_faults: dict[str, EventFault] = field(default_factory=dict)
+    deliveries: dict[str, int] = field(default_factory=dict)  # POST /events per event ID
     # What `Warehouse.requests()` returns: the judge's own memory, not the file in a folder a
     # sandboxed child can write to (the file stays, for people reading a run).
     records: list[dict] = field(default_factory=list)
@@ -158,6 +209,15 @@ class _State:
             i = self.fault_index
             self.fault_index += 1
         return self.faults[i] if i < len(self.faults) else "none"
+
+    def event_fault(self, event_id: str) -> EventFault | None:
+        """Count one delivery of `event_id`; the fault that applies to this delivery, if any."""
+        with self.lock:
+            n = self.deliveries[event_id] = self.deliveries.get(event_id, 0) + 1
+            fault = self.event_faults.get(event_id)
+        if fault is not None and fault.mode == "unavailable" and n > fault.times:
+            return None
+        return fault
 
     def log(self, record: dict) -> None:
         with self.log_lock:
@@ -294,6 +354,7 @@ class _Handler(BaseHTTPRequestHandler):
             "body": self._body,
             "content_type": self.headers.get("Content-Type") if getattr(self, "headers", None) else None,
             "fault": self._fault,
+            "token": self.headers.get(FENCE_HEADER) if getattr(self, "headers", None) else None,
             "outcome": outcome,
             "response": response,
             "status": status,
@@ -377,11 +438,26 @@ class _Handler(BaseHTTPRequestHandler):
         elif event is None:
             self._reply_error("bad_request", 400, problem)
         else:
+            per_event = state.event_fault(self._event_id) if fault == "none" and self._event_id else None
+            if per_event is not None and per_event.mode != "slow":
+                self._refuse(per_event)
+                return
             outcome, error = state.apply(event)
             if outcome in ("applied", "duplicate"):
-                self._answer_accepted(outcome, str(event.get("id")))
+                delay = per_event.seconds if per_event is not None else None
+                self._answer_accepted(outcome, str(event.get("id")), delay)
             else:
                 self._reply_error(outcome, _OUTCOME_STATUS[outcome], error)
+
+    def _refuse(self, fault: EventFault) -> None:
+        """A per-event refusal: nothing is applied."""
+        if fault.mode == "unavailable":
+            self._fault = "unavailable_503"
+            self._reply("not_applied", "503", 503, _ERROR_BODIES[503])
+        else:
+            self._fault = "refused_422"
+            body = json.dumps({"error": "unprocessable", "reason": fault.reason}).encode()
+            self._reply("not_applied", "422", 422, body, error=fault.reason[:MAX_ERROR_CHARS])
 
     def _read_body(self) -> tuple[bytes, int | None, str | None]:
         """Returns (body, error status or None, error message)."""
@@ -413,15 +489,19 @@ class _Handler(BaseHTTPRequestHandler):
             return b"", 400, f"body ended after {len(body)} of {length} bytes"
         return body, None, None
 
-    def _answer_accepted(self, outcome: str, event_id: str) -> None:
+    def _answer_accepted(self, outcome: str, event_id: str, delay: float | None = None) -> None:
+        """The ACK for an applied or duplicate event; `delay`: a per-event slow reply."""
         fault = self._fault
         ack = json.dumps({"ack": event_id}).encode()
+        if delay is not None:
+            self._fault = fault = "slow"
         if fault == "drop_after_commit":
             self._reply(outcome, "dropped", None)
             with contextlib.suppress(OSError):
                 self.request.shutdown(socket.SHUT_RDWR)  # FIN without a byte of response
         elif fault == "slow":
-            if self.server.state.stopping.wait(self.server.state.slow_seconds):
+            wait = self.server.state.slow_seconds if delay is None else delay
+            if self.server.state.stopping.wait(wait):
                 # close() interrupted the wait: nobody will get this answer.
                 self._reply(outcome, "dropped", None, error="server closed during slow reply")
             else:
@@ -467,6 +547,12 @@ class Warehouse:
     def requests(self) -> list[dict]:
         with self._server.state.log_lock:
             return [dict(r) for r in self._server.state.records]
+
+    def lift(self, event_id: str) -> None:
+        """The cause is fixed: deliveries of `event_id` are served normally from now on."""
+        state = self._server.state
+        with state.lock:
+            state.event_faults.pop(event_id, None)
 
     def close(self) -> None:
         """Stop accepting, interrupt slow replies, shut open sockets, join threads (bounded)."""
@@ -525,10 +611,12 @@ def start_warehouse(
     open_sink: OpenSink | None = None,
     sink_path: Path | None = None,
     slow_seconds: float = 3.0,
+    event_faults: dict[str, EventFault] | None = None,
 ) -> Warehouse:
     """Start a warehouse on 127.0.0.1 and an ephemeral port, serving in background threads.
 
     `faults[i]` applies to the (i+1)-th `POST /events`; later requests are served normally.
+    `event_faults[id]` applies to every delivery of that event ID (a positional fault wins).
     With `receive` and `open_sink` (and `sink_path`), each request opens its own sink
     connection in the handler thread; without them a built-in in-memory inbox is used.
     """
@@ -546,6 +634,7 @@ def start_warehouse(
         log_path=log_path, faults=faults, receive=receive, open_sink=open_sink,
         sink_path=Path(sink_path) if sink_path is not None else None,
         slow_seconds=float(slow_seconds),
+        event_faults={str(k): _check_event_fault(v) for k, v in (event_faults or {}).items()},
     )
     server = _Server(state)
     port = server.server_port

@@ -95,6 +95,19 @@ def attack(t: Targets, lab: str, *, reads: bool = True, writes: bool = True) -> 
 
 # Every process the caller may signal, but itself (as root outside a sandbox: the grader too).
 KILL_ALL = "try:\n    _os.kill(-1, _sig.SIGKILL)\nexcept OSError:\n    pass\n"
+# SIGSTOP every process it can see but itself (then KILL_ALL finishes them).
+STOP_ALL = ("import os as _os, signal as _sig\n"
+            "for _pid in [int(p) for p in _os.listdir('/proc') if p.isdigit()]:\n"
+            "    if _pid != _os.getpid():\n"
+            "        try:\n"
+            "            _os.kill(_pid, _sig.SIGSTOP)\n"
+            "        except OSError:\n"
+            "            pass\n")
+
+
+def in_judged_children(code: str) -> str:
+    """`code` run only where the judge imports the module (its children), not in the kernel."""
+    return "if __name__ != '__main__':\n" + "\n".join("    " + line for line in code.splitlines())
 
 
 def _header_first(nb: NotebookNode, code: str) -> None:
@@ -132,20 +145,12 @@ def build(release: NotebookNode, reference: str, targets: Targets, *, wrong_lock
 
     # --- signal what it must not -------------------------------------------------------------
     signaller = solved(release, parts, ALL)
-    stop_everything = ("import os as _os, signal as _sig\n"
-                       "for _pid in [int(p) for p in _os.listdir('/proc') if p.isdigit()]:\n"
-                       "    if _pid != _os.getpid():\n"
-                       "        try:\n"
-                       "            _os.kill(_pid, _sig.SIGSTOP)\n"
-                       "        except OSError:\n"
-                       "            pass\n")
-    _after(signaller, setup, _code(stop_everything + KILL_ALL))
+    _after(signaller, setup, _code(STOP_ALL + KILL_ALL))
     entries.append(Entry("sig", "01-lab.ipynb", signaller, ALL,
                          why="SIGSTOPs every process it can see, then kill(-1): nothing else is in its reach"))
 
     killer = solved(release, parts, ALL)
-    _header_first(killer, "if __name__ != '__main__':  # in the judge's children, not in the kernel\n"
-                          + "\n".join("    " + line for line in (stop_everything + KILL_ALL).splitlines()))
+    _header_first(killer, in_judged_children(STOP_ALL + KILL_ALL))
     entries.append(Entry("kai", "01-lab.ipynb", killer, ALL,
                          why="SIGSTOP everything, then kill(-1, SIGKILL), at import in the judge's children"))
 
@@ -248,8 +253,7 @@ def build(release: NotebookNode, reference: str, targets: Targets, *, wrong_lock
         entries.append(Entry("vex", "02-vending.ipynb", vex, NONE, lab="vending",
                              why="lab 02: execs solutions/client.py and tries every read and write"))
         v_kill = solved(v_release, v_parts, ALL)
-        _header_first(v_kill, "if __name__ != '__main__':\n"
-                              + "\n".join("    " + line for line in (stop_everything + KILL_ALL).splitlines()))
+        _header_first(v_kill, in_judged_children(STOP_ALL + KILL_ALL))
         entries.append(Entry("vik", "02-vending.ipynb", v_kill, ALL, lab="vending",
                              why="lab 02: SIGSTOP everything and kill(-1) at import in the judge's children"))
     return entries
