@@ -420,3 +420,15 @@ def test_the_policy_never_binds_what_student_code_must_not_see():
     for secret in ("solutions", "notebooks", "checks/outbox.py", "checks/vending.py", "tests"):
         assert not any(s == str(ROOT / secret) or s.startswith(str(ROOT / secret) + "/") for s in seen), secret
     assert str(MODULE) in seen
+
+
+def test_a_module_that_does_not_exist_is_an_import_verdict_in_the_sandbox(tmp_path):
+    """The box copies the module before the child starts; a missing file must not crash the judge."""
+    from labkit import labs
+    from labkit.judge.run import run_lab
+    from labkit.judge.verdict import Outcome
+
+    assert sandbox.enabled()
+    verdict = run_lab(labs.load("outbox"), tmp_path / "missing" / "worker.py", steps=[1], seed=1)
+    [case] = verdict.steps[0].cases
+    assert case.outcome is Outcome.IMPORT_FAILED and "No such file" in case.got

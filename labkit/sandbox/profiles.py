@@ -18,6 +18,7 @@ home directory, other processes.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 import shutil
@@ -178,6 +179,9 @@ def copy_module(policy: Policy) -> Policy:
     Children started side by side share a work folder, so each copy is written under a name of
     its own and renamed into place: a child being started never reads a copy another one is
     still writing (a truncated module whose later functions are missing)."""
+    missing = [(copy, original) for copy, original in policy.mapped if not os.path.isfile(original)]
+    if missing:  # nothing to show: the child then fails to import it, a verdict like any other
+        policy = dataclasses.replace(policy, mapped=tuple(m for m in policy.mapped if m not in missing))
     for copy, original in policy.mapped:
         partial = Path(copy).with_name(f"{Path(copy).name}.{os.getpid()}-{threading.get_ident()}.part")
         shutil.copyfile(original, partial)
