@@ -391,7 +391,7 @@ def test_nbclient_run_of_a_wrong_pending_shows_the_failing_case_and_its_hint(wro
     nb, _ = wrong
     text = texts(nb, "outbox-check-4")
     assert "Step 4 — pending: FAILED" in text
-    assert "✗ every pending row, in outbox order" in text and "ORDER BY seq" in text
+    assert "✗ limit 16 with 18 pending" in text and "ORDER BY seq" in text
     assert "note: This step builds on step 4" in texts(nb, "outbox-check-7")
     setup = next(c for c in nb.cells if c.metadata.get("labkit", {}).get("setup"))
     assert "7 of 9 steps passed" in texts(nb, setup.id)

@@ -81,7 +81,7 @@ def test_wrong_pending_shows_the_failing_step_with_its_hint(lab, page, tmp_path)
     step4 = page.locator(".lk-live.lk-step.failed", has_text="Step 4 — pending")
     assert step4.is_visible()
     first = step4.locator(".lk-case-row").first
-    expect(first.locator(".lk-toggle")).to_contain_text("✗ every pending row, in outbox order")
+    expect(first.locator(".lk-toggle")).to_contain_text("✗ limit 16 with 18 pending")
     expect(first.locator(".lk-detail")).to_be_visible()  # the first failing case is open
     expect(first.locator(".lk-detail")).to_contain_text("pending(con, 16)")
     expect(first.locator(".lk-nudge")).to_be_visible()
