@@ -93,10 +93,20 @@ class Listener:
     replies: list[Reply]
     sock: socket.socket
     visits: list[Visit] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)  # held from accept() to the visit's record
 
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}/events"
+
+    def connected(self) -> bool:
+        """Did anyone connect? Also counts a connection still waiting in the backlog: the accept
+        thread may not have taken it yet when a busy machine lets the judge look first."""
+        with self.lock:
+            if self.visits:
+                return True
+            waiting, _, _ = select.select([self.sock], [], [], 0)
+            return bool(waiting)
 
     def clients_gone(self, wait: float) -> bool:
         """Did every client of this listener close its connection? Polls for at most `wait`
@@ -152,12 +162,13 @@ class Replier:
                 continue
             for key, _ in self._selector.select(timeout=0.05):
                 listener: Listener = key.data
-                try:
-                    conn, _addr = listener.sock.accept()
-                except OSError:
-                    continue
-                visit = Visit(time.time())
-                listener.visits.append(visit)
+                with listener.lock:
+                    try:
+                        conn, _addr = listener.sock.accept()
+                    except OSError:
+                        continue
+                    visit = Visit(time.time())
+                    listener.visits.append(visit)
                 reply = listener.replies[min(len(listener.visits) - 1, len(listener.replies) - 1)]
                 thread = threading.Thread(target=_serve, args=(conn, reply, visit, self._stop),
                                           name=f"outbox-replier-{listener.port}", daemon=True)

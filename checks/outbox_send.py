@@ -174,7 +174,7 @@ def _two_seconds(record):
 
 def _no_connection(listener) -> Check:
     def check(record):
-        if listener.visits:
+        if listener.connected():
             return Miss(f"{outcome_text(record['outcome'])}, after connecting to the server",
                         "Validate the URL and timeout before opening any connection.")
         return None
