@@ -842,8 +842,13 @@ def check_backoff(ctx: StepContext) -> list[Case]:
             ("cap True", 1, 1.0, True, BOOL_HINT)):
         add(f"{label} is refused", attempt, base, cap, lambda *a, hint=hint: both(raises("ValueError", hint), _no_draw(a[0])),
             ("5.arg-ranges",), hint)
+    from labkit.judge.differential import after_fixed
+
     cases = ctx.cases("backoffs", plans, {"calls": calls})
-    return cases + _backoff_property(ctx)
+    return after_fixed(cases, BACKOFF_PROPERTY, "backoff on generated inputs", lambda: _backoff_property(ctx))
+
+
+BACKOFF_PROPERTY = "backoff agrees with the contract on generated inputs"  # differential's default name
 
 
 def _backoff_property(ctx: StepContext) -> list[Case]:

@@ -26,7 +26,7 @@ from checks.vending_contract import CLAUSES
 from checks.vending_witness import FaultWitness
 from labkit.judge import expect, stores
 from labkit.judge.child import child_session
-from labkit.judge.differential import differential
+from labkit.judge.differential import after_fixed, differential
 from labkit.judge.expect import (
     SKELETON_HINT,
     TRANSACTION_HINT,
@@ -523,10 +523,12 @@ def check_parse(ctx: StepContext) -> list[Case]:
                           clauses=clauses))
         values.append(line)
     specs = [{"name": p.name, "fn": "parse_line", "args": [encode(v)]} for p, v in zip(plans, values, strict=True)]
-    return ctx.cases("calls", plans, {"calls": specs}, probes="labkit.probe") + differential(
+    name = "parse_line agrees with the contract on generated lines"
+    return after_fixed(ctx.cases("calls", plans, {"calls": specs}, probes="labkit.probe"), name,
+                       "parse_line on generated lines", lambda: differential(
         ctx, "parse_line", oracle.frames(), oracle.parse_line,
         lambda line: (oracle.line_clause(line), CLAUSE_HINTS[oracle.line_clause(line)]),
-        clauses=tuple(CLAUSE_HINTS), name="parse_line agrees with the contract on generated lines")
+        clauses=tuple(CLAUSE_HINTS), name=name))
 
 
 # --- step 2 -------------------------------------------------------------------------------
@@ -1108,12 +1110,13 @@ def check_replay(ctx: StepContext) -> list[Case]:
     for label, events, last, limit, clause, hint in bad:
         case(label, events, last, limit, "ValueError", both(under(clause, raises("ValueError", hint)), unchanged_input),
              (clause,), hint)
-    return ctx.cases("calls", plans, {"calls": calls}, probes="labkit.probe") + differential(
+    name = "replay agrees with the contract on generated logs"
+    return after_fixed(ctx.cases("calls", plans, {"calls": calls}, probes="labkit.probe"), name,
+                       "replay on generated logs", lambda: differential(
         ctx, "replay", oracle.replay_args(), oracle.replay,
         lambda *args: (oracle.replay_clause(*args), REPLAY_HINTS[oracle.replay_clause(*args)]),
-        clauses=tuple(REPLAY_HINTS), unchanged="4.no-mutation", examples=REPLAY_EXAMPLES,
-        name="replay agrees with the contract on generated logs",
-        show_call=lambda events, last, limit: f"replay({show(events, 120)}, {show(last)}, {show(limit)})")
+        clauses=tuple(REPLAY_HINTS), unchanged="4.no-mutation", examples=REPLAY_EXAMPLES, name=name,
+        show_call=lambda events, last, limit: f"replay({show(events, 120)}, {show(last)}, {show(limit)})"))
 
 
 # A log costs more to generate, send and compare than a line: fewer examples keep step 4 within
