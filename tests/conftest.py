@@ -70,3 +70,16 @@ def nothing_left(tag, judge_tmp):
         assert not [p for p in created if os.path.exists(p)]
 
     return check
+
+
+# Parallel runs (pytest-xdist, `--dist loadgroup` in pyproject): a module's tests stay on one
+# worker, so its module-scoped fixtures (a JupyterLab server, a graded batch) are built once.
+# Only modules of many independent, fixture-free cases are spread over every worker.
+SPREAD = {"test_catalogue_seeds", "test_case_inputs", "test_no_course_blame"}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        name = item.module.__name__.rpartition(".")[2]
+        if name not in SPREAD:
+            item.add_marker(pytest.mark.xdist_group(name))
