@@ -84,19 +84,22 @@ def kill_marked(marker: str, grace: float = KILL_GRACE, name: str = RUN_MARKER) 
     return len(killed)
 
 
+def state_and_parent(pid: int) -> tuple[str, int] | None:
+    """A process's state letter (R, S, Z...) and parent pid, from /proc; None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            fields = fh.read().rsplit(b")", 1)[1].split()
+        return fields[0].decode(), int(fields[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def children() -> dict[int, str]:
-    """This process's children and their state letter (R, S, Z...), read from /proc."""
+    """This process's children and their state letter, read from /proc."""
     me, found = os.getpid(), {}
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as fh:
-                fields = fh.read().rsplit(b")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if len(fields) > 1 and fields[1] == str(me).encode():
-            found[int(entry)] = fields[0].decode()
+        if entry.isdigit() and (seen := state_and_parent(int(entry))) is not None and seen[1] == me:
+            found[int(entry)] = seen[0]
     return found
 
 

@@ -16,6 +16,8 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from labkit.judge import reaper
+
 MOUNT = Path("/sys/fs/cgroup")
 CONTROLLERS = ("memory", "pids")
 
@@ -66,14 +68,6 @@ def find() -> Hierarchy | None:
             if all(c in enabled for c in CONTROLLERS) and _writable(parent):
                 return Hierarchy(2, {c: parent for c in CONTROLLERS})
     return None
-
-
-def _parent(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            return int(fh.read().rsplit(b")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return None
 
 
 @dataclass
@@ -160,7 +154,8 @@ class Group:
                 break
             for pid in pids:
                 try:
-                    parent = _parent(pid)
+                    seen = reaper.state_and_parent(pid)
+                    parent = seen[1] if seen else None
                     os.kill(pid, signal.SIGKILL)
                     killed.add(pid)
                     if parent != os.getpid():
