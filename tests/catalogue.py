@@ -6,18 +6,28 @@ Each file is a copy of the lab's reference with one realistic mistake, and start
 `labkit.judge.coverage.DOCSTRING` is the one parser of that line).
 
 Running the catalogue is the expensive part of the suite, so every test that needs a verdict
-asks `step_verdicts` (or `verdict`): ONE cache for the whole pytest session (per xdist worker),
-keyed by (lab, file, seed, step), that runs only the steps it has not run yet. A step's verdict
-does not depend on which other steps ran beside it, so tests that want different step sets
-still share what they have in common. Treat the returned verdicts as read-only.
+asks `step_verdicts` (or `verdict`): ONE cache for the whole pytest session, keyed by (lab,
+file, seed, step), that runs only the steps it has not run yet. A step's verdict does not
+depend on which other steps ran beside it, so tests that want different step sets still share
+what they have in common. Treat the returned verdicts as read-only.
+
+The cache is in memory and, for the course's own files, on disk in a directory that the
+session's controller makes and hands to every xdist worker (tests/conftest.py: CACHE_ENV):
+a (lab, file, seed) runs once in the whole session, whichever worker asks first; the others
+wait for its lock (bounded) and read the pickled verdicts. Files outside the repository (the
+toy lab's, in tmp_path) stay in memory: their tests patch the checks, not the files.
 """
 
 from __future__ import annotations
 
 import ast
 import difflib
+import fcntl
+import hashlib
 import os
+import pickle
 import threading
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -28,6 +38,9 @@ from labkit.judge.verdict import LabVerdict, StepVerdict
 
 _STEPS: dict[tuple[str, str, int, str], StepVerdict] = {}
 _LOCK = threading.Lock()
+ROOT = Path(__file__).resolve().parents[1]
+CACHE_ENV = "LABKIT_TEST_VERDICT_CACHE"  # the session's shared directory (tests/conftest.py)
+LOCK_WAIT = 900.0  # s: the longest a worker waits for another's run of the same file and seed
 
 # The seeds under which every catalogue verdict must be the same (issue 8 item 2).
 SEEDS = (1, 2, 3, 4, 5)
@@ -51,11 +64,42 @@ def step_verdicts(lab: str, path: Path, steps: Iterable[int | str], seed: int = 
     with _LOCK:
         missing = [s for s in wanted if (lab, file, seed, s) not in _STEPS]
     if missing:
-        for step in run_lab(labs.load(lab), Path(file), steps=missing, seed=seed).steps:
+        for step in _shared_run(lab, Path(file), missing, seed):
             with _LOCK:
                 _STEPS[(lab, file, seed, str(step.step))] = step
     with _LOCK:
         return {s: _STEPS[(lab, file, seed, s)] for s in wanted}
+
+
+def _shared_run(lab: str, file: Path, steps: list[str], seed: int) -> list[StepVerdict]:
+    """Run `steps` of `file`, or read them from the session's disk cache, which this run fills."""
+    folder = os.environ.get(CACHE_ENV)
+    if not folder or not file.is_relative_to(ROOT):
+        return run_lab(labs.load(lab), file, steps=steps, seed=seed).steps
+    digest = hashlib.sha256(f"{lab}\0{file}\0{seed}\0".encode() + file.read_bytes()).hexdigest()[:32]
+    base = Path(folder) / digest
+    with open(f"{base}.lock", "w") as lock:
+        deadline = time.monotonic() + LOCK_WAIT
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"another worker held the run of {file.name} (seed {seed}) "
+                                       f"over {LOCK_WAIT:g} s") from None
+                time.sleep(0.05)
+        try:
+            found = {s: base.with_name(f"{digest}-{s}.pickle") for s in steps}
+            todo = [s for s, path in found.items() if not path.exists()]
+            if todo:
+                for step in run_lab(labs.load(lab), file, steps=todo, seed=seed).steps:
+                    tmp = found[str(step.step)].with_suffix(".tmp")
+                    tmp.write_bytes(pickle.dumps(step))
+                    tmp.replace(found[str(step.step)])
+            return [pickle.loads(found[s].read_bytes()) for s in steps]
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def verdict(lab: str, path: Path, seed: int = 1, steps: Iterable[int | str] | None = None) -> LabVerdict:

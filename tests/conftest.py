@@ -1,4 +1,5 @@
 import os
+import shutil
 import sys
 import tempfile
 from contextlib import contextmanager
@@ -72,14 +73,48 @@ def nothing_left(tag, judge_tmp):
     return check
 
 
-# Parallel runs (pytest-xdist, `--dist loadgroup` in pyproject): a module's tests stay on one
+# Parallel runs (pytest-xdist, `--dist loadscope` in pyproject): a module's tests stay on one
 # worker, so its module-scoped fixtures (a JupyterLab server, a graded batch) are built once.
-# Only modules of many independent, fixture-free cases are spread over every worker.
+# Only modules of many independent, fixture-free cases are spread over every worker. (Not
+# `--dist loadgroup` with xdist_group marks: pytest 9 keeps a node's id in `_id`, and xdist 3.8
+# still renames `_nodeid`, so the groups were silently split, and a 200 s graded batch was
+# built once per worker. xdist's own hook for the scheduler is the documented way.)
 SPREAD = {"test_catalogue_seeds", "test_case_inputs", "test_no_course_blame"}
 
 
-def pytest_collection_modifyitems(items):
-    for item in items:
-        name = item.module.__name__.rpartition(".")[2]
-        if name not in SPREAD:
-            item.add_marker(pytest.mark.xdist_group(name))
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModulesTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return nodeid if Path(module).stem in SPREAD else module
+
+    return ModulesTogether(config, log)
+
+
+# One verdict cache on disk for the whole session (tests/catalogue.py): the controller makes it,
+# hands it to each xdist worker, and removes it at the end.
+CACHE_ENV = "LABKIT_TEST_VERDICT_CACHE"
+
+
+def pytest_configure(config):
+    given = getattr(config, "workerinput", {}).get(CACHE_ENV)
+    if given:
+        os.environ[CACHE_ENV] = given
+    elif not os.environ.get(CACHE_ENV):
+        config._verdict_cache = tempfile.mkdtemp(prefix="labkit-verdicts-")
+        os.environ[CACHE_ENV] = config._verdict_cache
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    node.workerinput[CACHE_ENV] = os.environ[CACHE_ENV]
+
+
+def pytest_unconfigure(config):
+    made = getattr(config, "_verdict_cache", None)
+    if made:
+        shutil.rmtree(made, ignore_errors=True)
+        os.environ.pop(CACHE_ENV, None)

@@ -12,7 +12,7 @@ same cases, under every seed), and it fits CI's budget (measured: ~2-3 s a file)
 LABKIT_CATALOGUE_STEPS=reached it also runs every step that builds on the promised one
 (`LabSpec.dependents`: all the code the mistake can reach; about four times as long). Runs go
 through the session cache (tests/catalogue.py) that the clause-coverage and no-blame tests
-read too; the seeds of one file run at once, in threads (the checks mostly wait).
+read too; the seeds of one file run two at a time, in threads (SEED_THREADS).
 """
 
 from __future__ import annotations
@@ -26,13 +26,16 @@ from catalogue import SEEDS, failures, step_verdicts, steps_to_run, verdict
 from labkit import labs
 from labkit.judge import coverage
 
+# Two seeds at a time: the runs are mostly CPU (children starting, Hypothesis), and five at once
+# on each xdist worker put a 2-core machine at load 15, where other modules' timed checks failed.
+SEED_THREADS = 2
 LABS = [lab for lab in labs.available() if (coverage.CATALOGUE / lab).is_dir()]
 WRONG = [(lab, path) for lab in LABS for path in sorted((coverage.CATALOGUE / lab).glob("*.py"))]
 
 
 def verdicts_by_seed(lab: str, path: Path) -> dict[int, dict]:
     steps = steps_to_run(lab, path)
-    with ThreadPoolExecutor(max_workers=len(SEEDS)) as pool:
+    with ThreadPoolExecutor(max_workers=SEED_THREADS) as pool:
         runs = pool.map(lambda seed: step_verdicts(lab, path, steps, seed), SEEDS)
         return dict(zip(SEEDS, runs, strict=True))
 

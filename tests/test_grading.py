@@ -356,7 +356,7 @@ def test_the_active_content_finder_finds_what_it_looks_for():
 
 @needs_release
 @pytest.mark.slow
-def test_gradebook_csv_and_json_have_one_row_per_student_and_lab(graded):
+def test_gradebook_csv_and_json_have_one_row_per_student_and_lab(graded, monkeypatch):
     out = graded["out"]
     with open(out / "grades.csv", newline="") as fh:
         reader = csv.DictReader(fh)
@@ -371,6 +371,7 @@ def test_gradebook_csv_and_json_have_one_row_per_student_and_lab(graded):
     right = "abcdefgh"[next(i for i, o in enumerate(corpus.quiz_key("outbox")[0]["options"]) if o["correct"])]
     assert by_student["cleo"][f"quiz_{first}"] == right and by_student["cleo"][f"quiz_{first}_correct"] == "true"
     assert by_student["cleo"]["quiz_answered"] == "1" and by_student["ada"][f"quiz_{first}"] == ""
+    monkeypatch.setenv(sandbox.UID_ENV, str(GRADER_UID))  # the uid the graded batch ran as
     assert {r["sandbox"] for r in rows} == {sandbox.support().describe}
     assert by_student["max"]["flags"].count("deleted:") == len([c for c in header if c.startswith("step_")]) + 1
     assert by_student["lou"]["status"] == "malformed" and by_student["lou"]["total"] == "0"
@@ -789,8 +790,16 @@ def test_nbgrader_generate_assignment_and_autograde_complete_on_the_release(tmp_
                        if c.metadata.get("nbgrader", {}).get("grade"))
     # The reference passes every check cell, so nbgrader must give it every point (it used to
     # accept any score above 0, which a single passing cell would have met).
-    assert got == most
+    assert got == most, _failed_grade_cells(course / "autograded" / "ada" / "lab" / "lab.ipynb")
     shutil.rmtree(course / "autograded", ignore_errors=True)
+
+
+def _failed_grade_cells(path: Path) -> dict[str, str]:
+    """The graded cells of nbgrader's autograded copy that raised, with the end of their error."""
+    nb = nbformat.read(path, as_version=4)
+    return {c.metadata["nbgrader"].get("grade_id", "?"): "".join(o.get("traceback", []))[-600:]
+            for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade")
+            for o in c.get("outputs", []) if o.get("output_type") == "error"}
 
 
 # --- a kernel that fails to start ------------------------------------------------------------

@@ -111,5 +111,5 @@ def test_grandchild_that_escapes_with_setsid(judged, tmp_path, close_fds, lab, m
     verdict = judged(path, steps=[1])
     assert verdict.passed  # the parent's answers are right; only its grandchildren misbehave
     escaped = [int(line) for line in pids.read_text().split()]
-    assert len(escaped) == len(verdict.steps[0].cases)
+    assert len(escaped) >= len(verdict.steps[0].cases)  # a case may make many calls, each forks
     assert not [pid for pid in escaped if psutil.pid_exists(pid)]

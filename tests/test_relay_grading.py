@@ -21,6 +21,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from labkit.grading import gradebook
+from labkit.grading.settings import socket_folder
 from tests.submissions import corpus, hostile
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,7 +56,9 @@ def test_grade_scores_lab_03_notebooks_step_by_step(tmp_path):
     corpus.write([corpus.Entry("ada", "03-relay.ipynb", solved, corpus.ALL),
                   corpus.Entry("bo", "my-relay-copy.ipynb", partial, frozenset({"1", "2"})),
                   corpus.Entry("kai", "03-relay.ipynb", killer, corpus.ALL)], subs)
-    out = tmp_path / "out"
+    # A deep output folder: the kernels' unix sockets must not live under it (a socket's path
+    # holds 107 bytes; under xdist's tmp_path every notebook once crashed with "File name too long").
+    out = tmp_path / ("a-deep-output-folder-" * 6) / "out"
     proc = subprocess.run([sys.executable, "-m", "labkit", "grade", str(subs), "--out", str(out), "--jobs", "2",
                            "--seed", str(SEED)], env=grader_env(tmp_path), capture_output=True, text=True,
                           timeout=900, cwd=tmp_path)
@@ -65,10 +69,14 @@ def test_grade_scores_lab_03_notebooks_step_by_step(tmp_path):
     reference = {str(s["step"]): s["points"] for s in json.loads(check.stdout)["steps"]}
     assert sum(reference.values()) == 13
 
+    keys = [p.stem for p in gradebook.results_dir(out).glob("*.json")]
+    assert len(keys) == 3 and not [k for k in keys if socket_folder(out, k).exists()], "socket folders left behind"
+
     rows = {r["student"]: r for r in json.loads((out / "grades.json").read_text())}
     assert set(rows) == {"ada", "bo", "kai"}
     for row in rows.values():
-        assert row["lab"] == "relay" and row["status"] == "ok" and row["seed"] == SEED
+        assert (row["lab"], row["status"], row["seed"]) == ("relay", "ok", SEED), \
+            {k: row.get(k) for k in ("student", "status", "message", "flags", "notes")}
     points = {s: {k.removeprefix("step_"): v for k, v in r.items() if k.startswith("step_") or k == "final"}
               for s, r in rows.items()}
     assert points["ada"] == reference

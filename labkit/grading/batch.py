@@ -32,6 +32,7 @@ from labkit.grading.settings import (
     WORK,
     Limits,
     release_dir,
+    socket_folder,
 )
 from labkit.grading.shards import WHOLE, Shard, shard_of
 from labkit.judge import reaper
@@ -186,6 +187,7 @@ def collect(run: Running, batch: Batch) -> dict:
     run.proc.join()
     _sweep(job["marker"])
     shutil.rmtree(out / WORK / job["key"], ignore_errors=True)
+    shutil.rmtree(socket_folder(out, job["key"]), ignore_errors=True)
     result = gradebook.read_result(gradebook.result_path(out, job["key"]))
     if result is not None and result.get("marker") == job["marker"]:
         run.log.unlink(missing_ok=True)  # kept only when the worker itself failed

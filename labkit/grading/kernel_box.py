@@ -76,7 +76,7 @@ class KernelBox:
     """One submission's kernels (a fresh one per start attempt) and their sandboxes."""
 
     def __init__(self, sockets: Path, lab: str, limits: Limits, marker: str, uid: int | None,
-                 shown: dict[Path, str] | None = None):
+                 shown: dict[Path, str] | None = None, work: Path | None = None):
         self.sockets, self.lab, self.limits, self.marker = sockets, lab, limits, marker
         self.uid, self.shown = uid, dict(shown or {})
         self.boxes: list = []
@@ -85,7 +85,7 @@ class KernelBox:
         if self.sandboxed:
             from labkit.labs import LABS
 
-            outline = lab_outline(lab, sockets.parent / "lab-outline.py")
+            outline = lab_outline(lab, (work or sockets.parent) / "lab-outline.py")
             self.shown[outline] = str(profiles.ROOT / (LABS[lab].replace(".", "/") + ".py"))
 
     @property

@@ -6,11 +6,14 @@ Each can be overridden by an environment variable (tests shorten the timeouts); 
 
 from __future__ import annotations
 
+import hashlib
 import os
+import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+SOCKET_BASE = "/tmp"  # short: a unix socket's path may hold 107 bytes (see socket_folder)
 
 
 def _env(name: str, default: float) -> float:
@@ -71,3 +74,14 @@ OK, TIMEOUT, CRASHED, MALFORMED, SKIPPED = "ok", "timeout", "crashed", "malforme
 # Files are never read past these sizes (checked before reading, and while reading).
 MAX_NOTEBOOK_BYTES = 20 * 1024**2
 MAX_QUIZ_BYTES = 256 * 1024
+
+
+def socket_folder(out: Path, key: str) -> Path:
+    """Where one job's kernel sockets go: a short path of its own, named after the job.
+
+    Not under `--out`: a deep output folder made the kernel's socket path too long ("ZMQError:
+    File name too long", and every notebook crashed). Named after the output folder and the
+    job's key, so the batch removes it after the worker, even a killed one, and a rerun finds it."""
+    digest = hashlib.sha256(f"{Path(out).resolve()}\0{key}".encode()).hexdigest()[:16]
+    base = SOCKET_BASE if os.access(SOCKET_BASE, os.W_OK | os.X_OK) else tempfile.gettempdir()
+    return Path(base) / f"labkit-kernel-{digest}"

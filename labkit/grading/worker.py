@@ -37,6 +37,7 @@ from labkit.grading.settings import (
     OK,
     WORK,
     Limits,
+    socket_folder,
 )
 from labkit.grading.submissions import NotANotebook, read_capped, read_notebook, slug
 from labkit.judge import reaper
@@ -82,7 +83,8 @@ def grade(job: dict) -> dict:
     marker = job["marker"]
     work = out / WORK / job["key"]
     shutil.rmtree(work, ignore_errors=True)
-    judge_dir, sockets = work / "judge", work / "kernel"
+    judge_dir, sockets = work / "judge", socket_folder(out, job["key"])
+    shutil.rmtree(sockets, ignore_errors=True)
     judge_dir.mkdir(parents=True)
     work.chmod(0o711)  # the sandboxes reach their own paths below it, and cannot list it
     judge_dir.chmod(0o711)
@@ -112,7 +114,8 @@ def grade(job: dict) -> dict:
         skip = {c.get("id") for c in restored.nb.cells
                 if check_step(c) is not None and c.get("id") in restored.released_ids}
         executed = prepare(restored.nb, skip)
-        kernel = KernelBox(sockets, job["lab"], limits, marker, job.get("uid"), _shown_quiz(job, raw_quiz, work))
+        kernel = KernelBox(sockets, job["lab"], limits, marker, job.get("uid"), _shown_quiz(job, raw_quiz, work),
+                           work=work)
         execution = execute(executed, kernel, limits)
         kernel.close()
         executed_at = time.monotonic()
@@ -150,6 +153,7 @@ def grade(job: dict) -> dict:
             kernel.close()
         reaper.kill_marked(marker)
         shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(sockets, ignore_errors=True)
 
 
 def _detach(log: Path) -> None:

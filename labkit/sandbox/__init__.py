@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import os
 import subprocess
+import threading
 from dataclasses import dataclass
 
 from labkit.sandbox import bwrap, cgroups
@@ -48,9 +49,19 @@ class Support:
         return f"bubblewrap, uid {uid()}, {limits}"
 
 
-@functools.lru_cache(maxsize=1)
+_SUPPORT_LOCK = threading.Lock()
+
+
 def support() -> Support:
-    """Can this process run sandboxes? Tried once for real, then remembered."""
+    """Can this process run sandboxes? Tried once for real, then remembered.
+
+    Locked: a judge's steps start in threads, and each would otherwise try at once."""
+    with _SUPPORT_LOCK:
+        return _try_support()
+
+
+@functools.lru_cache(maxsize=1)
+def _try_support() -> Support:
     if not hasattr(os, "geteuid") or os.geteuid() != 0:
         return Support(False, "the grader is not running as root, so it cannot give student code "
                               "another (unprivileged) user id")
