@@ -794,10 +794,11 @@ def check_backoff(ctx: StepContext) -> list[Case]:
     rng = ctx.rng
     plans, calls = [], []
 
-    def add(label: str, attempt, base, cap, check, clauses: tuple[str, ...], hint: str = "") -> None:
+    def add(label: str, attempt, base, cap, check, clauses: tuple[str, ...], hint: str = "", hang: str = "") -> None:
         seed = rng.randrange(2**31)
         plans.append(Plan(label, f"backoff({attempt!r}, {base!r}, {cap!r}, random.Random({seed}))",
-                          _expected_wait(attempt, base, cap), check(seed, attempt, base, cap), hint, clauses=clauses))
+                          _expected_wait(attempt, base, cap), check(seed, attempt, base, cap), hint, clauses=clauses,
+                          hang_clause=hang))
         calls.append({"name": label, "seed": seed, "args": [encode(attempt), encode(base), encode(cap)]})
 
     fixed = [
@@ -809,6 +810,10 @@ def check_backoff(ctx: StepContext) -> list[Case]:
         ("base == cap", 3, 5.0, 5.0),
         ("int base and cap", 3, 1, 30),
         ("a tiny base, a large cap", 70, 1e-20, 3600.0),
+    ]
+    # Last, after the refusals: a solution that builds 2 ** attempt spends seconds on 10**9 and,
+    # on a busy machine, hangs there; a hang ends the child, and no case after it runs.
+    large = [
         ("attempt 10**6", 10**6, 0.25, 30.0),
         ("attempt 10**6 with an int base", 10**6, 1, 3600),
         ("attempt 10**9", 10**9, 0.5, 60.0),
@@ -822,10 +827,13 @@ def check_backoff(ctx: StepContext) -> list[Case]:
         attempt, base = rng.randint(8, 60), round(rng.uniform(0.01, 5), 3)
         # base <= cap < the ceiling: the contract's precondition holds and the cap really bites.
         fixed.append((f"random, capped ({n})", attempt, base, round(base * rng.uniform(1, 2 ** (attempt - 1) / 1.5), 3)))
-    for label, attempt, base, cap in fixed:
+    def drawn(label: str, attempt: int, base, cap) -> None:
         clauses = ("5.full-jitter", "5.seeded-rng") + (("5.cap",) if oracle.ceiling(attempt, base, cap) == cap else ()) + \
                   (("5.large-attempt",) if attempt >= 10**6 else ())
-        add(label.format(attempt), attempt, base, cap, _drawn, clauses)
+        add(label, attempt, base, cap, _drawn, clauses, hang="5.large-attempt" if attempt >= 10**6 else "")
+
+    for label, attempt, base, cap in fixed:
+        drawn(label, attempt, base, cap)
     for label, attempt, base, cap, hint in (
             ("attempt 0", 0, 1.0, 10.0, "attempt starts at 1."),
             ("attempt -1", -1, 1.0, 10.0, "attempt starts at 1."),
@@ -842,6 +850,8 @@ def check_backoff(ctx: StepContext) -> list[Case]:
             ("cap True", 1, 1.0, True, BOOL_HINT)):
         add(f"{label} is refused", attempt, base, cap, lambda *a, hint=hint: both(raises("ValueError", hint), _no_draw(a[0])),
             ("5.arg-ranges",), hint)
+    for label, attempt, base, cap in large:
+        drawn(label, attempt, base, cap)
     from labkit.judge.differential import after_fixed
 
     cases = ctx.cases("backoffs", plans, {"calls": calls})

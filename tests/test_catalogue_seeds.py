@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from catalogue import SEEDS, failures, step_verdicts, steps_to_run, verdict
+from catalogue import SEEDS, failures, promise, step_verdicts, steps_to_run, verdict
 
 from labkit import labs
 from labkit.judge import coverage
@@ -40,6 +40,25 @@ def verdicts_by_seed(lab: str, path: Path) -> dict[int, dict]:
         return dict(zip(SEEDS, runs, strict=True))
 
 
+# Wrong solutions whose own behaviour depends on the machine's speed, not on the seed: under every
+# seed they must fail the same steps, by a case tagged with their promised clause, with their
+# promised message; which other cases they fail as well may change with the load (seen in CI).
+TIMING_DEPENDENT = {
+    "relay:relay_claims_at_wall_clock": "claims by time.time(): how many leases look expired depends on how long "
+                                        "the scenario took",
+    "relay:relay_claims_ahead_of_now": "claims at now + lease: which live leases it takes depends on when the "
+                                       "scenario's publishers get the CPU",
+}
+
+
+def promised_fingerprint(path: Path, steps: dict) -> dict[str, tuple]:
+    """Per step: passed, and (for the promised step) whether the promised clause and message are there."""
+    said = promise(path)
+    return {step: (v.passed,) + ((any(said["clause"] in c.clauses for c in v.cases if not c.passed),
+                                  said["message"] in failures(v)) if step == said["step"] else ())
+            for step, v in steps.items()}
+
+
 def fingerprint(steps: dict) -> dict[str, tuple[bool, frozenset]]:
     """Per step: passed, and the set of (failing case name, clause)."""
     return {step: (v.passed, frozenset((c.name, clause) for c in v.cases if not c.passed
@@ -49,12 +68,20 @@ def fingerprint(steps: dict) -> dict[str, tuple[bool, frozenset]]:
 
 @pytest.mark.parametrize(("lab", "path"), WRONG, ids=[f"{lab}:{path.stem}" for lab, path in WRONG])
 def test_a_wrong_solution_gets_the_same_verdict_under_every_seed(lab, path):
-    by_seed = {seed: fingerprint(steps) for seed, steps in verdicts_by_seed(lab, path).items()}
+    if f"{lab}:{path.stem}" in TIMING_DEPENDENT:
+        by_seed = {seed: promised_fingerprint(path, steps) for seed, steps in verdicts_by_seed(lab, path).items()}
+        assert all(fp[promise(path)["step"]] == (False, True, True) for fp in by_seed.values()), by_seed
+    else:
+        by_seed = {seed: fingerprint(steps) for seed, steps in verdicts_by_seed(lab, path).items()}
     first = by_seed[SEEDS[0]]
     differing = {seed: {step: (fp, first[step]) for step, fp in fps.items() if fp != first[step]}
                  for seed, fps in by_seed.items() if fps != first}
     assert not differing, (f"{path.name}: seed {SEEDS[0]} and other seeds disagree (seed: step: "
                            f"(that seed's (passed, failing cases), seed {SEEDS[0]}'s)): {differing}")
+
+
+def test_every_timing_dependent_file_exists():
+    assert [name for name in TIMING_DEPENDENT if name not in {f"{lab}:{p.stem}" for lab, p in WRONG}] == []
 
 
 @pytest.mark.parametrize("seed", SEEDS)

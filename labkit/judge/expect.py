@@ -37,6 +37,10 @@ class Plan:
     check: Callable[[dict], Miss | None]
     hint: str = ""
     clauses: tuple[str, ...] = ()  # the contract clauses this case exercises (labkit.judge.contract)
+    # The clause a hang of this case is evidence about (default: all of `clauses`): a case that
+    # only a too-slow solution can hang on names that clause whether the call timed out (a busy
+    # machine) or failed otherwise (a quiet one), so the verdict does not depend on the load.
+    hang_clause: str = ""
 
 
 def under(clause: str, check: Callable[[dict], Miss | None]) -> Callable[[dict], Miss | None]:
@@ -193,7 +197,10 @@ def judge(run: ChildRun, plans: list[Plan], timeout: float) -> list[Case]:
     for plan in plans:
         record = reported.get(plan.name)
         if record is None:
-            cases.append(tag(_unreported(run, plan, stuck, timeout), plan))
+            case = tag(_unreported(run, plan, stuck, timeout), plan)
+            if case.outcome is Outcome.TIMED_OUT and plan.hang_clause:
+                case.clauses = (plan.hang_clause,)
+            cases.append(case)
             continue
         special = _special(record, plan)
         if special is not None:
