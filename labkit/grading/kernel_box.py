@@ -76,7 +76,9 @@ class KernelBox:
     """One submission's kernels (a fresh one per start attempt) and their sandboxes."""
 
     def __init__(self, sockets: Path, lab: str, limits: Limits, marker: str, uid: int | None,
-                 shown: dict[Path, str] | None = None, work: Path | None = None):
+                 shown: dict[Path, str] | None = None, *, work: Path):
+        """`sockets`: the kernel's own folder (settings.socket_folder); `work`: the job's, for the
+        files the kernel is shown."""
         self.sockets, self.lab, self.limits, self.marker = sockets, lab, limits, marker
         self.uid, self.shown = uid, dict(shown or {})
         self.boxes: list = []
@@ -85,7 +87,7 @@ class KernelBox:
         if self.sandboxed:
             from labkit.labs import LABS
 
-            outline = lab_outline(lab, (work or sockets.parent) / "lab-outline.py")
+            outline = lab_outline(lab, work / "lab-outline.py")
             self.shown[outline] = str(profiles.ROOT / (LABS[lab].replace(".", "/") + ".py"))
 
     @property
