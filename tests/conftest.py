@@ -96,7 +96,7 @@ def pytest_xdist_make_scheduler(config, log):
 
 # One verdict cache on disk for the whole session (tests/catalogue.py): the controller makes it,
 # hands it to each xdist worker, and removes it at the end.
-CACHE_ENV = "LABKIT_TEST_VERDICT_CACHE"
+from catalogue import CACHE_ENV  # noqa: E402
 
 
 def pytest_configure(config):

@@ -311,4 +311,3 @@ def after_fixed(fixed: list[Case], name: str, called: str, run: Callable[[], lis
     if all(case.passed for case in fixed):
         return fixed + run()
     return fixed + [Case(name, Outcome.NOT_REACHED, called, "the contract's outcome for each", NOT_JUDGED)]
-
