@@ -432,3 +432,59 @@ def test_a_module_that_does_not_exist_is_an_import_verdict_in_the_sandbox(tmp_pa
     verdict = run_lab(labs.load("outbox"), tmp_path / "missing" / "worker.py", steps=[1], seed=1)
     [case] = verdict.steps[0].cases
     assert case.outcome is Outcome.IMPORT_FAILED and "No such file" in case.got
+
+
+READ_TABLES = '''
+import gzip, json, os
+opened = []
+real = gzip.GzipFile
+def logged(filename=None, mode=None, *args, **kwargs):
+    found = real(filename, mode, *args, **kwargs)
+    opened.append([os.path.basename(str(filename)), mode])  # opened: it was there
+    return found
+gzip.GzipFile = logged
+from hypothesis import Phase, given, settings, strategies as st
+drawn = []
+@settings(database=None, max_examples=3, phases=[Phase.generate], deadline=None)
+@given(st.text(min_size=1))
+def draw(text):
+    drawn.append(text)
+draw()
+try:
+    open(os.path.join(os.environ["HYPOTHESIS_STORAGE_DIRECTORY"], "written-by-the-judge"), "w")
+    writable = True
+except OSError:
+    writable = False
+print(json.dumps({"opened": opened, "drawn": len(drawn), "writable": writable}))
+'''
+
+
+def test_a_judge_in_its_box_reads_the_graders_unicode_tables_and_cannot_change_them(tmp_path):
+    """Without the grader's tables a boxed judge rebuilt them in its fresh home (~1.5 s of CPU
+    each, measured: outbox's step 1 took 2.4 s instead of 0.8 s)."""
+    from labkit.grading import judge_box
+    from labkit.judge import differential
+
+    tables = tmp_path / "hypothesis"
+    env = {**os.environ, differential.STORAGE_ENV: str(tables)}
+    subprocess.run([sys.executable, "-c", "from labkit.judge import differential as d; "
+                    "assert d.warm_unicode_tables() is not None"], env=env, check=True, timeout=120)
+    built = sorted(p.name for p in tables.glob("unicode_data/*/*.json.gz"))
+    assert any(name.startswith("charmap") for name in built) and any("utf-8" in name for name in built), built
+
+    env = judge_box._env(sandbox.uid(), {})
+    env[differential.STORAGE_ENV] = str(tables)
+    box = sandbox.Box.open(profiles.judge_box(module=MODULE, tmp="/tmp", env=env, tables=tables),
+                           sandbox.support().cgroups)
+    try:
+        proc = box.spawn([sys.executable, "-c", READ_TABLES], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         env=env, start_new_session=True)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        box.close()
+    assert proc.returncode == 0, err.decode()[-2000:]
+    seen = json.loads(out)
+    assert seen["drawn"] == 3 and not seen["writable"]
+    reading = (None, "r", "rb")  # GzipFile's default mode reads
+    assert sorted(name for name, mode in seen["opened"] if mode in reading) == built
+    assert not [name for name, mode in seen["opened"] if mode not in reading], seen["opened"]

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from labkit import sandbox
+from labkit.judge import differential
 from labkit.judge.verdict import LabVerdict, from_json
 from labkit.sandbox import profiles
 
@@ -60,7 +61,10 @@ def run(lab: str, module: Path, seed: int, *, uid: int | None, timeout: float,
     if uid is None:
         box, cwd = sandbox.NullBox(), str(module.parent)
     else:
-        policy = profiles.judge_box(module=module, tmp=JUDGE_TMP, env=env)
+        tables = differential.unicode_tables()
+        if tables is not None:  # read-only: Hypothesis' failed writes there are silent
+            env[differential.STORAGE_ENV] = str(tables.resolve())
+        policy = profiles.judge_box(module=module, tmp=JUDGE_TMP, env=env, tables=tables)
         box, cwd = sandbox.Box.open(policy, sandbox.support().cgroups), str(module.parent)
     proc = None
     with tempfile.TemporaryFile() as err:

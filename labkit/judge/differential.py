@@ -78,8 +78,10 @@ if TYPE_CHECKING:
     from hypothesis.strategies import SearchStrategy
 
 # Hypothesis keeps its Unicode tables here, not in a `.hypothesis/` folder in the judge's cwd
-# (a student's folder, the course's checkout).
+# (a student's folder, the course's checkout). Building them costs ~1.5 s of CPU; a judge in
+# its box (a fresh home) reads the grader's copy instead (`warm_unicode_tables`).
 CACHE = Path.home() / ".cache" / "delivered-twice" / "hypothesis"
+STORAGE_ENV = "HYPOTHESIS_STORAGE_DIRECTORY"
 # Calls allowed while shrinking, beyond the examples: enough to shrink the inputs of these
 # labs to a minimum (measured: under 200), and a hard stop for determinism and time.
 SHRINK_CALLS = 400
@@ -141,7 +143,7 @@ def differential(
     the clause broken by a call that modifies its arguments (None: not checked).
     Returns one Case.
     """
-    os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY", str(CACHE))  # read at Hypothesis' first write
+    os.environ.setdefault(STORAGE_ENV, str(CACHE))  # read at Hypothesis' first write
     from hypothesis import HealthCheck, Phase, Verbosity, given, seed, settings
 
     _no_local_constants()
@@ -311,3 +313,32 @@ def after_fixed(fixed: list[Case], name: str, called: str, run: Callable[[], lis
     if all(case.passed for case in fixed):
         return fixed + run()
     return fixed + [Case(name, Outcome.NOT_REACHED, called, "the contract's outcome for each", NOT_JUDGED)]
+
+
+def warm_unicode_tables() -> Path | None:
+    """Build Hypothesis' Unicode tables in `CACHE` (once per machine), for judges that can only read them.
+
+    The tables the labs' strategies need (the category map and `text()`'s UTF-8 alphabet) are
+    drawn once through the public API. Returns the folder, or None when it could not be written.
+    Measured: outbox's step 1 took 2.4 s in a judge box without them, 0.8 s with them.
+    """
+    os.environ.setdefault(STORAGE_ENV, str(CACHE))
+    from hypothesis import Phase, given, settings
+    from hypothesis import strategies as st
+
+    @settings(database=None, max_examples=1, phases=[Phase.generate], deadline=None)
+    @given(st.text(min_size=1), st.characters())
+    def draw(_text, _char):
+        pass
+
+    try:
+        draw()
+    except Exception:  # noqa: BLE001 - a cold cache only costs time
+        return None
+    return unicode_tables()
+
+
+def unicode_tables() -> Path | None:
+    """The folder holding Hypothesis' Unicode tables, if they have been built."""
+    folder = Path(os.environ.get(STORAGE_ENV) or CACHE)
+    return folder if (folder / "unicode_data").is_dir() else None

@@ -135,16 +135,19 @@ def kernel(uid: int, *, home: str, sockets: Path, lab: str, shown: dict[Path, st
     )
 
 
-def judge_box(*, module: Path, tmp: str, env: dict[str, str]) -> Policy:
+def judge_box(*, module: Path, tmp: str, env: dict[str, str], tables: Path | None = None) -> Policy:
     """The judge of one job: trusted, root, in its own network; starts sandboxed children.
 
     Every step's folder is made under its private /tmp (`tmp`), so what children write there
-    is capped by that tmpfs and counted in the job's memory, and goes with the box.
+    is capped by that tmpfs and counted in the job's memory, and goes with the box. `tables`:
+    the grader's Hypothesis Unicode tables, read-only (`differential.warm_unicode_tables`).
     """
     cgroup_root = Path("/sys/fs/cgroup")
+    shown = [tables.resolve()] if tables is not None else []
     return Policy(
         uid=None, gid=None,
-        read_only=tuple(dict.fromkeys([*runtime(), ROOT / "labkit", ROOT / "checks", Path(module).resolve()])),
+        read_only=tuple(dict.fromkeys([*runtime(), ROOT / "labkit", ROOT / "checks", Path(module).resolve(),
+                                       *shown])),
         writable=(cgroup_root,) if cgroup_root.is_dir() else (),
         cwd=Path(tmp),
         env=env,
