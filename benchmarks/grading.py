@@ -16,6 +16,11 @@ solutions and untouched copies, in turn), then times:
 4. `nbgrader autograde` of the same notebooks, where nbgrader is installed (it grades one
    notebook at a time).
 
+Before anything is timed, one untimed `grade` of two of the notebooks (sandboxed, then not)
+warms what a first run pays once per machine (the page cache, the course's bytecode, the
+judges' Unicode tables); without it the first variant timed carried those costs alone. With
+`--repeat R` each `grade` variant is timed R times, interleaved, and the median counts.
+
 Prints submissions per minute and the ratios, all measured in this one run. Targets: the
 sandbox costs at most 15 % of throughput (sandboxed / unsandboxed <= 1.15), grade <= 1.3x
 plain execution, and grade at least 2.5x faster than nbgrader (grade / nbgrader <= 0.4).
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -117,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--before", type=Path, help="a checkout of an earlier commit (git archive REV | tar -x -C DIR): "
                     "its `grade` is timed on the same submissions in the same run")
     ap.add_argument("--skip-bare", action="store_true", help="do not time --no-sandbox")
+    ap.add_argument("--repeat", type=int, default=1, help="time each grade variant this many times (median)")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="labkit-bench-") as name:
         tmp = Path(name)
@@ -128,19 +135,29 @@ def main(argv: list[str] | None = None) -> int:
         from labkit import sandbox
 
         sandboxed = sandbox.support().ok
-        grade = timed("labkit grade" + (" (sandboxed)" if sandboxed else " (no sandbox here)"),
-                      [[*grade_cmd, "--out", str(tmp / "out"), *([] if sandboxed else ["--no-sandbox"])]], env, tmp)
-        before = None
+        own = [] if sandboxed else ["--no-sandbox"]
+        warm_cmd = [sys.executable, "-m", "labkit", "grade", str(tmp / "warm"), "--jobs", str(args.jobs)]
+        for path in paths[:2]:
+            (tmp / "warm" / path.parent.name).mkdir(parents=True)
+            (tmp / "warm" / path.parent.name / path.name).write_bytes(path.read_bytes())
+        for n, extra in enumerate([own, ["--no-sandbox"]] if sandboxed else [own]):
+            timed("warm-up grade of 2 (not counted)", [[*warm_cmd, "--out", str(tmp / f"warm-out{n}"), *extra]],
+                  env, tmp)
+        variants = {"grade": ("labkit grade" + (" (sandboxed)" if sandboxed else " (no sandbox here)"), env, own)}
         if args.before is not None:
             old_env = dict(env, PYTHONPATH=os.pathsep.join([str(args.before.resolve()), env["PYTHONPATH"]]),
                            LABKIT_RELEASE_DIR=str(args.before.resolve() / "notebooks"))
-            before = timed(f"labkit grade of {args.before} (before)",
-                           [[*grade_cmd, "--out", str(tmp / "out-before"), *([] if sandboxed else ["--no-sandbox"])]],
-                           old_env, tmp)
-        bare = None
+            variants["before"] = (f"labkit grade of {args.before} (before)", old_env, own)
         if sandboxed and not args.skip_bare:
-            bare = timed("labkit grade --no-sandbox", [[*grade_cmd, "--out", str(tmp / "out-bare"), "--no-sandbox"]],
-                         env, tmp)
+            variants["bare"] = ("labkit grade --no-sandbox", env, ["--no-sandbox"])
+        times: dict[str, list[float]] = {name: [] for name in variants}
+        for run in range(args.repeat):
+            for name, (label, variant_env, extra) in variants.items():
+                times[name].append(timed(label, [[*grade_cmd, "--out", str(tmp / f"out-{name}-{run}"), *extra]],
+                                         variant_env, tmp))
+        grade = statistics.median(times["grade"])
+        before = statistics.median(times["before"]) if "before" in times else None
+        bare = statistics.median(times["bare"]) if "bare" in times else None
         chunks = [paths[i::args.jobs] for i in range(args.jobs)]
         plain = timed(f"jupyter nbconvert --execute ({args.jobs} processes)",
                       [[sys.executable, "-m", "jupyter", "nbconvert", "--execute", "--to", "notebook",

@@ -147,6 +147,7 @@ def _listen() -> socket.socket:
 def inside(tmp_path_factory):
     """Run INSIDE in a child sandbox nested in a judge's box; return what it found."""
     _require_sandbox()
+    profiles.compile_course()  # as the grader does: the child then sees some bytecode too
     tmp = tmp_path_factory.mktemp("sandbox")
     other = tmp / "submissions" / "victim"
     other.mkdir(parents=True)
@@ -171,6 +172,7 @@ def inside(tmp_path_factory):
                  "the grader's environment (/proc/<judge>/environ)": f"/proc/{os.getpid()}/environ"},
         "list": {"the grader's home": str(Path.home()), "the repository": str(ROOT),
                  "solutions/ (folder)": str(ROOT / "solutions"), "checks/": str(ROOT / "checks"),
+                 "checks/__pycache__": str(ROOT / "checks" / "__pycache__"),
                  "/": "/", "/etc": "/etc"},
         "write": {"the course's own labkit": str(ROOT / "labkit" / "__init__.py"),
                   "the venv's packages": str(profiles.runtime()[-1] / "pyvenv.cfg"),
@@ -229,7 +231,10 @@ VISIBLE = {
     "list the grader's home": lambda names: set(names) <= {".pyenv"},
     "list the repository": lambda names: set(names) <= {"labkit", "checks", ".venv"},
     "list solutions/ (folder)": lambda names: names == [],
-    "list checks/": lambda names: set(names) <= {"__init__.py"} | {p.name for p in ROOT.glob("checks/*_probes.py")},
+    "list checks/": lambda names: set(names) <= {"__init__.py", "__pycache__"} | {p.name for p in ROOT.glob("checks/*_probes.py")},
+    # compiled files only of what the child may read anyway: never the judge-side checks'
+    "list checks/__pycache__": lambda names: {n.split(".")[0] for n in names} <= {"__init__"} | {
+        p.stem for p in ROOT.glob("checks/*_probes.py")},
     "list /": lambda names: set(names) <= {"bin", "dev", "etc", "lib", "lib32", "lib64", "libx32", "proc", "root",
                                           "sbin", "tmp", "usr", *{p.split("/")[1] for p in (str(ROOT), sys.base_prefix)}},
     "list /etc": lambda names: set(names) <= {"hosts", "localtime", "nsswitch.conf", "ssl"},
@@ -415,11 +420,16 @@ def test_a_self_inflicted_signal_reads_as_that_signal(tmp_path):
 
 
 def test_the_policy_never_binds_what_student_code_must_not_see():
+    profiles.compile_course()
     policy = profiles.child(sandbox.uid(), module=MODULE, workdir=Path(tempfile.gettempdir()))
     seen = [str(p) for p in (*policy.read_only, *policy.writable, *(dest for _, dest in policy.mapped))]
     for secret in ("solutions", "notebooks", "checks/outbox.py", "checks/vending.py", "tests"):
         assert not any(s == str(ROOT / secret) or s.startswith(str(ROOT / secret) + "/") for s in seen), secret
     assert str(MODULE) in seen
+    compiled = [Path(s) for s in seen if s.endswith(".pyc")]
+    assert compiled, "the course was compiled (profiles.compile_course): its bytecode is shown too"
+    for pyc in compiled:  # only of modules the child sees as source too
+        assert str(pyc.parent.parent / (pyc.name.split(".")[0] + ".py")) in seen, pyc
 
 
 def test_a_module_that_does_not_exist_is_an_import_verdict_in_the_sandbox(tmp_path):

@@ -2,18 +2,26 @@
 
 Loading nbformat (jsonschema), nbclient, nbconvert, the HTML templates and the labs' checks
 costs seconds per process; paid once here, each forked worker starts in milliseconds. The
-judges' Hypothesis Unicode tables are built here too (once per machine): a judge's box can
-only read them.
+judges' Hypothesis Unicode tables are built here too (once per machine), and the course's
+code compiled: a sandbox can only read them.
 """
 
-import nbconvert.preprocessors.sanitize  # noqa: F401
-import nbformat
+import sys
 
-from labkit import labs
-from labkit.grading import feedback, worker  # noqa: F401  (nbclient, jupyter_client)
-from labkit.judge import differential
+# jsonschema (under nbformat) imports rfc3987_syntax for its `iri` formats, which builds ~35
+# Earley parsers at import: 1.5 s here (jsonschema#1428). No notebook schema uses those formats.
+sys.modules.setdefault("rfc3987_syntax", None)
+
+import nbconvert.preprocessors.sanitize  # noqa: E402, F401
+import nbformat  # noqa: E402
+
+from labkit import labs  # noqa: E402
+from labkit.grading import feedback, worker  # noqa: E402, F401  (nbclient, jupyter_client)
+from labkit.judge import differential  # noqa: E402
+from labkit.sandbox import profiles  # noqa: E402
 
 feedback.notebook_html(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("1")]))
 for _lab in labs.available():
     labs.load(_lab)
 differential.warm_unicode_tables()
+profiles.compile_course()

@@ -70,12 +70,37 @@ def module_file(name: str) -> Path | None:
 
 
 def _code(relative: tuple[str, ...] | list[str]) -> list[Path]:
-    return [ROOT / rel for rel in relative if (ROOT / rel).exists()]
+    return _with_bytecode([ROOT / rel for rel in relative if (ROOT / rel).exists()])
 
 
 def _probe_modules() -> list[Path]:
     """Every lab's child-side probes (`checks/<lab>_probes.py`); never the judge-side checks."""
-    return sorted((ROOT / "checks").glob("*_probes.py"))
+    return _with_bytecode(sorted((ROOT / "checks").glob("*_probes.py")))
+
+
+def _with_bytecode(paths: list[Path]) -> list[Path]:
+    """Each source file shown with its compiled file, where there is one (`compile_course`):
+    a sandboxed interpreter may not write it, so without it every child compiles the module."""
+    found = []
+    for path in paths:
+        found.append(path)
+        if path.suffix == ".py":
+            compiled = Path(importlib.util.cache_from_source(str(path)))
+            if compiled.is_file():
+                found.append(compiled)
+    return found
+
+
+def compile_course() -> None:
+    """Compile labkit and the checks once, as the trusted grader, where the course is writable.
+
+    Sandboxed interpreters run with PYTHONDONTWRITEBYTECODE and read-only views, so they only
+    ever read these; a stale one is ignored by Python itself (it records its source's mtime)."""
+    import compileall
+
+    for folder in ("labkit", "checks"):
+        if os.access(ROOT / folder, os.W_OK):
+            compileall.compile_dir(str(ROOT / folder), quiet=2, workers=1)
 
 
 def child(uid: int, *, module: Path, workdir: Path, code_modules: tuple[str, ...] = (),
