@@ -120,7 +120,7 @@ def child(uid: int, *, module: Path, workdir: Path, code_modules: tuple[str, ...
     shown = ((workdir / f".labkit-module-{module.name}", str(module)),)
     return Policy(
         uid=uid, gid=uid,
-        read_only=tuple(dict.fromkeys([*runtime(), *_code(CHILD_CODE), *_probe_modules(), *extra])),
+        read_only=tuple(dict.fromkeys([*runtime(), *_code(CHILD_CODE), *_probe_modules(), *_with_bytecode(extra)])),
         writable=(workdir,),
         mapped=shown,
         cwd=workdir,
