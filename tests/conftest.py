@@ -106,6 +106,10 @@ def pytest_configure(config):
     elif not os.environ.get(CACHE_ENV):
         config._verdict_cache = tempfile.mkdtemp(prefix="labkit-verdicts-")
         os.environ[CACHE_ENV] = config._verdict_cache
+    if not given:  # once per session, as a grader's forkserver does: sandboxed children read them
+        from labkit.sandbox import profiles
+
+        profiles.compile_course()
 
 
 @pytest.hookimpl(optionalhook=True)
