@@ -11,8 +11,8 @@ notebook, a labelled reference module and a catalogue of wrong solutions
 Each notebook is one of:
 
 - **reference**: every step's cell is the reference's;
-- **partial**: a random set of steps closed under "builds on" (`StepSpec.requires`), the other
-  cells left as the skeleton;
+- **partial**: a random set of steps closed under "builds on" (`StepSpec.requires`, and a
+  helper another step's cell defines: `code_requires`), the other cells left as the skeleton;
 - **skeleton**: the release, untouched;
 - **wrong**: one wrong solution of the catalogue. Its step N (the one its docstring names)
   comes from the wrong file; every step that builds on N is left as the skeleton (so what
@@ -29,6 +29,7 @@ report test and `benchmarks/class_run.py` count from these, never from the repor
 
 from __future__ import annotations
 
+import ast
 import copy
 import json
 import random
@@ -101,11 +102,33 @@ def labs(root: Path = ROOT) -> list[Lab]:
                 wrong.append((path.name, step, said.group("clause") or "", theirs[step]))
         filename = next(p.name for p in sorted((root / "notebooks").glob("*.ipynb"))
                         if nbformat.read(p, as_version=4).metadata.get("labkit", {}).get("lab") == name)
-        lab = Lab(name, release, filename, parts, [str(s.step) for s in spec.steps],
-                  {str(s.step): {str(r) for r in s.requires} for s in spec.steps}, wrong)
+        requires = {str(s.step): {str(r) for r in s.requires} for s in spec.steps}
+        for step, helpers in code_requires(parts).items():  # a helper another step's cell defines
+            requires.setdefault(step, set()).update(helpers)
+        lab = Lab(name, release, filename, parts, [str(s.step) for s in spec.steps], requires, wrong)
         lab.wrong = [w for w in wrong if _knowable(lab, w[1])]
         found.append(lab)
     return found
+
+
+def code_requires(parts: dict[str, str]) -> dict[str, set[str]]:
+    """Step → the other steps whose cells define a name its cell uses (the reference's helpers).
+
+    `StepSpec.requires` says which steps a step's *check* builds on; the reference's cells can
+    share more than that (relay's `_finite`, defined with step 3 and called by steps 5-7). A
+    notebook that leaves the defining cell as the skeleton breaks those steps too, so for the
+    mix they build on it as well."""
+    defined: dict[str, set[str]] = {}
+    used: dict[str, set[str]] = {}
+    for step, code in parts.items():
+        tree = ast.parse(code)
+        defined[step] = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))} | {
+            t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
+        used[step] = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    shared = defined.get("header", set())
+    return {step: {other for other in parts if other not in (step, "header")
+                   and (used[step] - defined[step] - shared) & defined[other]}
+            for step in parts if step != "header"}
 
 
 def dependents(lab: Lab, step: str) -> set[str]:
