@@ -63,7 +63,7 @@ def run(lab: str, module: Path, seed: int, *, uid: int | None, timeout: float,
     else:
         tables = differential.unicode_tables()
         if tables is not None:  # read-only: Hypothesis' failed writes there are silent
-            env[differential.STORAGE_ENV] = str(tables.resolve())
+            env[differential.STORAGE_ENV] = str(tables)
         policy = profiles.judge_box(module=module, tmp=JUDGE_TMP, env=env, tables=tables)
         box, cwd = sandbox.Box.open(policy, sandbox.support().cgroups), str(module.parent)
     proc = None

@@ -339,6 +339,6 @@ def warm_unicode_tables() -> Path | None:
 
 
 def unicode_tables() -> Path | None:
-    """The folder holding Hypothesis' Unicode tables, if they have been built."""
-    folder = Path(os.environ.get(STORAGE_ENV) or CACHE)
+    """The folder holding Hypothesis' Unicode tables (resolved, as a sandbox binds it), if built."""
+    folder = Path(os.environ.get(STORAGE_ENV) or CACHE).resolve()
     return folder if (folder / "unicode_data").is_dir() else None
