@@ -58,16 +58,20 @@ def record(workdir: Path, lab: str, step: str, passed_before: bool) -> dict:
 
 
 def reference(lab: str, step: str) -> str | None:
-    """Step `step`'s cell as the lesson source's reference has it, or None without the sources."""
-    from labkit.notebook import build
+    """Step `step`'s cell as the lesson source's reference has it (`helpers`), or None without the sources."""
+    from labkit.notebook import build, helpers
 
     for source in sorted(build.SOURCES.glob("*.md")) if build.SOURCES.is_dir() else []:
         lesson = build.parse(source)
         if lesson.lab != lab:
             continue
-        for block in lesson.blocks:
-            if block.kind == "step" and block.arg == step:
-                return f"%%step {step}\n{build.solution(block.text)}"
+        cells = [block for block in lesson.blocks if block.kind == "step"]
+        if step not in {block.arg for block in cells}:
+            return None
+        # With the helpers it calls from other steps' cells: the student's own may lack them.
+        code = helpers.with_helpers(step, {b.arg: build.solution(b.text) for b in cells},
+                                    {b.arg: build.skeleton(b.text) for b in cells})
+        return f"%%step {step}\n{code}"
     return None
 
 
