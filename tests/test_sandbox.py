@@ -12,8 +12,10 @@ The sandbox needs root and bubblewrap; CI has both (`.ci/run`), so there it neve
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -36,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SOLUTION = ROOT / "solutions" / "worker.py"
 # The student's module as grading has it: a copy in the grader's work folder.
 MODULE = Path(tempfile.mkdtemp(prefix="labkit-sandbox-test-")) / "worker.py"
+atexit.register(shutil.rmtree, MODULE.parent, True)  # made at import, in every xdist worker
 MODULE.write_text(SOLUTION.read_text())
 MODULE.chmod(0o644)
 MODULE.parent.chmod(0o711)
