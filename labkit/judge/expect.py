@@ -263,6 +263,16 @@ def import_problem(run: ChildRun, timeout: float) -> tuple[str, str, str]:
         return (f"importing your module failed: {describe(error)}",
                 "Fix the error above; run every step cell from the top so the module is complete.",
                 error.get("trace", ""))
+    if not run.reached_module:  # only the course's code had run: never the student's fault
+        if run.timed_out:
+            return (f"the check's process did not get as far as loading your module within {timeout:g} s",
+                    "This machine is too busy to check in time; not your code. Run the check again.", "")
+        said = [line for line in run.stderr.splitlines() if line.strip()][-1:] or ["nothing"]
+        again = f", after a first start that ended the same way ({run.restarted})" if run.restarted else ""
+        return (f"the check's process ended before it loaded your module (exit code {run.exit_code}; "
+                f"it said: {said[0][:300]}){again}",
+                "Not your code: the checker itself failed to start. Run the check again; if this "
+                "persists, please report it with the line above.", "")
     if run.timed_out:
         return (f"importing your module did not finish within {timeout:g} s",
                 "Code at the top level of a cell runs on import: move experiments out of step cells.", "")
