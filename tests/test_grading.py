@@ -13,6 +13,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import signal
 import stat
@@ -795,11 +796,19 @@ def test_nbgrader_generate_assignment_and_autograde_complete_on_the_release(tmp_
 
 
 def _failed_grade_cells(path: Path) -> dict[str, str]:
-    """The graded cells of nbgrader's autograded copy that raised, with the end of their error."""
+    """The graded cells of nbgrader's autograded copy that raised: what the check showed (its
+    failing cases, not the traceback's ANSI colours), then the error's last line."""
     nb = nbformat.read(path, as_version=4)
-    return {c.metadata["nbgrader"].get("grade_id", "?"): "".join(o.get("traceback", []))[-600:]
-            for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade")
-            for o in c.get("outputs", []) if o.get("output_type") == "error"}
+    found = {}
+    for cell in nb.cells:
+        errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
+        if not cell.metadata.get("nbgrader", {}).get("grade") or not errors:
+            continue
+        shown = "".join(o.get("text", "") or o.get("data", {}).get("text/plain", "") for o in cell.outputs)
+        lines = [line for line in re.sub(r"\x1b\[[0-9;]*m", "", shown).splitlines() if line.strip()]
+        found[cell.metadata["nbgrader"].get("grade_id", "?")] = "\n".join(lines[:12] + [
+            f"{errors[0].get('ename')}: {errors[0].get('evalue')}"])
+    return found
 
 
 # --- a kernel that fails to start ------------------------------------------------------------
