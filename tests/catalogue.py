@@ -48,6 +48,10 @@ SEEDS = (1, 2, 3, 4, 5)
 # docstring names: the default, within CI's budget) or "reached" (that step and every step that
 # builds on it: all the code the mistake can reach; about 4x the time, for a full run).
 STEPS_ENV = "LABKIT_CATALOGUE_STEPS"
+# Whether a failing step also runs the steps it builds on, for its note ("This step builds on
+# step 4 ..."). No catalogue test reads that note (tests/test_display.py checks it), and it
+# costs about as much again as the step itself (28 files: 20 s of CPU with it, 12 s without).
+EXPLAIN = False
 
 
 def promise(path: Path) -> dict[str, str]:
@@ -75,7 +79,7 @@ def _shared_run(lab: str, file: Path, steps: list[str], seed: int) -> list[StepV
     """Run `steps` of `file`, or read them from the session's disk cache, which this run fills."""
     folder = os.environ.get(CACHE_ENV)
     if not folder or not file.is_relative_to(ROOT):
-        return run_lab(labs.load(lab), file, steps=steps, seed=seed).steps
+        return run_lab(labs.load(lab), file, steps=steps, seed=seed, explain=EXPLAIN).steps
     digest = hashlib.sha256(f"{lab}\0{file}\0{seed}\0".encode() + file.read_bytes()).hexdigest()[:32]
     base = Path(folder) / digest
     with open(f"{base}.lock", "w") as lock:
@@ -93,7 +97,7 @@ def _shared_run(lab: str, file: Path, steps: list[str], seed: int) -> list[StepV
             found = {s: base.with_name(f"{digest}-{s}.pickle") for s in steps}
             todo = [s for s, path in found.items() if not path.exists()]
             if todo:
-                for step in run_lab(labs.load(lab), file, steps=todo, seed=seed).steps:
+                for step in run_lab(labs.load(lab), file, steps=todo, seed=seed, explain=EXPLAIN).steps:
                     tmp = found[str(step.step)].with_suffix(".tmp")
                     tmp.write_bytes(pickle.dumps(step))
                     tmp.replace(found[str(step.step)])

@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from catalogue import SEEDS, failures, promise, step_verdicts, steps_to_run, verdict
+from catalogue import EXPLAIN, SEEDS, failures, promise, step_verdicts, steps_to_run, verdict
 
 from labkit import labs, limits
 from labkit.judge import coverage
@@ -88,7 +88,7 @@ def seed_problem(lab: str, path: Path) -> str | None:
         # doing: run those seeds again, one at a time, outside the shared cache, and compare.
         again = sorted({SEEDS[0], *differing})
         runs.update({seed: {str(s.step): s for s in run_lab(labs.load(lab), path.resolve(), steps=list(runs[seed]),
-                                                            seed=seed).steps} for seed in again})
+                                                            seed=seed, explain=EXPLAIN).steps} for seed in again})
         differing = disagreements(path, runs)
     if not differing:
         return None

@@ -7,7 +7,9 @@ misbehaves (lab 02's final check: "a bug in the course's feed (labkit/feed.py)")
 labkit/servers/warehouse.py's WarehouseStartError says ("warehouse failed", "warehouse process
 exited", "was not ready within"). No verdict of any catalogue file — on the steps and seeds the
 seed test judges (tests/catalogue.py: SEEDS, steps_to_run; the same cached runs) — nor of a
-sample of cosmic-ray mutants of each reference, may contain one.
+sample of cosmic-ray mutants of each reference, may contain one. (The catalogue's runs leave
+out the note on the steps a failing step builds on, `catalogue.EXPLAIN`: a fixed sentence that
+names only steps.)
 """
 
 from __future__ import annotations
