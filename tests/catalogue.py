@@ -75,11 +75,16 @@ def step_verdicts(lab: str, path: Path, steps: Iterable[int | str], seed: int = 
         return {s: _STEPS[(lab, file, seed, s)] for s in wanted}
 
 
+def run_steps(lab: str, file: Path, steps: list[str], seed: int) -> list[StepVerdict]:
+    """One judge run of `steps`, outside every cache, as the catalogue's runs are made."""
+    return run_lab(labs.load(lab), Path(file).resolve(), steps=steps, seed=seed, explain=EXPLAIN).steps
+
+
 def _shared_run(lab: str, file: Path, steps: list[str], seed: int) -> list[StepVerdict]:
     """Run `steps` of `file`, or read them from the session's disk cache, which this run fills."""
     folder = os.environ.get(CACHE_ENV)
     if not folder or not file.is_relative_to(ROOT):
-        return run_lab(labs.load(lab), file, steps=steps, seed=seed, explain=EXPLAIN).steps
+        return run_steps(lab, file, steps, seed)
     digest = hashlib.sha256(f"{lab}\0{file}\0{seed}\0".encode() + file.read_bytes()).hexdigest()[:32]
     base = Path(folder) / digest
     with open(f"{base}.lock", "w") as lock:
@@ -97,7 +102,7 @@ def _shared_run(lab: str, file: Path, steps: list[str], seed: int) -> list[StepV
             found = {s: base.with_name(f"{digest}-{s}.pickle") for s in steps}
             todo = [s for s, path in found.items() if not path.exists()]
             if todo:
-                for step in run_lab(labs.load(lab), file, steps=todo, seed=seed, explain=EXPLAIN).steps:
+                for step in run_steps(lab, file, todo, seed):
                     tmp = found[str(step.step)].with_suffix(".tmp")
                     tmp.write_bytes(pickle.dumps(step))
                     tmp.replace(found[str(step.step)])

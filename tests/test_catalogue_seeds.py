@@ -21,11 +21,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from catalogue import EXPLAIN, SEEDS, failures, promise, step_verdicts, steps_to_run, verdict
+from catalogue import SEEDS, failures, promise, run_steps, step_verdicts, steps_to_run, verdict
 
 from labkit import labs, limits
 from labkit.judge import coverage
-from labkit.judge.run import run_lab
 from labkit.judge.verdict import Outcome
 
 # Two seeds at a time: the runs are mostly CPU (children starting, Hypothesis), and five at once
@@ -87,12 +86,12 @@ def seed_problem(lab: str, path: Path) -> str | None:
         # A child that ran out of its step's time on an overloaded machine is not the seed's
         # doing: run those seeds again, one at a time, outside the shared cache, and compare.
         again = sorted({SEEDS[0], *differing})
-        runs.update({seed: {str(s.step): s for s in run_lab(labs.load(lab), path.resolve(), steps=list(runs[seed]),
-                                                            seed=seed, explain=EXPLAIN).steps} for seed in again})
+        runs.update({seed: {str(s.step): s for s in run_steps(lab, path, list(runs[seed]), seed)} for seed in again})
         differing = disagreements(path, runs)
     if not differing:
         return None
-    return f"{path.name}: seed {SEEDS[0]} and other seeds disagree:\n" + explain(runs, differing)
+    return f"{path.name}: seed {SEEDS[0]} and other seeds disagree:\n" + describe(runs, differing)
+
 
 def disagreements(path: Path, runs: dict[int, dict]) -> dict[int, list[str]]:
     """Seed → the steps where its fingerprint differs from the first seed's."""
@@ -125,7 +124,7 @@ def one_sided(a, b) -> tuple[list, list]:
     return [fa[k] for k in fa.keys() - fb.keys()], [fb[k] for k in fb.keys() - fa.keys()]
 
 
-def explain(runs: dict[int, dict], differing: dict[int, list[str]]) -> str:
+def describe(runs: dict[int, dict], differing: dict[int, list[str]]) -> str:
     """Only what differs, case by case: the first line of how it failed, under which seed."""
     lines = []
     for seed, steps in differing.items():

@@ -183,11 +183,12 @@ def run_child(
         first = run
         run = _run_child_once(module, probe, args, workdir=workdir, timeout=deadline - time.monotonic(),
                               marker=marker, module_name=module_name, env=env)
-        run.restarted = f"exit code {first.exit_code}: {_last_line(first.stderr)}"
+        run.restarted = f"exit code {first.exit_code}: {last_line(first.stderr)}"
     return run
 
 
-def _last_line(text: str) -> str:
+def last_line(text: str) -> str:
+    """The last non-blank line of a child's stderr, capped: what a verdict quotes of it."""
     lines = [line for line in text.splitlines() if line.strip()]
     return lines[-1][:300] if lines else "nothing on stderr"
 

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from labkit.judge.child import ChildRun
+from labkit.judge.child import ChildRun, last_line
 from labkit.judge.verdict import Case, Outcome
 from labkit.limits import CHILD_MEMORY_BYTES
 from labkit.values import decode, same, show
@@ -267,10 +267,9 @@ def import_problem(run: ChildRun, timeout: float) -> tuple[str, str, str]:
         if run.timed_out:
             return (f"the check's process did not get as far as loading your module within {timeout:g} s",
                     "This machine is too busy to check in time; not your code. Run the check again.", "")
-        said = [line for line in run.stderr.splitlines() if line.strip()][-1:] or ["nothing"]
         again = f", after a first start that ended the same way ({run.restarted})" if run.restarted else ""
         return (f"the check's process ended before it loaded your module (exit code {run.exit_code}; "
-                f"it said: {said[0][:300]}){again}",
+                f"it said: {last_line(run.stderr)}){again}",
                 "Not your code: the checker itself failed to start. Run the check again; if this "
                 "persists, please report it with the line above.", "")
     if run.timed_out:

@@ -29,7 +29,6 @@ report test and `benchmarks/class_run.py` count from these, never from the repor
 
 from __future__ import annotations
 
-import ast
 import copy
 import json
 import random
@@ -38,6 +37,7 @@ from pathlib import Path
 
 import nbformat
 
+from labkit.notebook import helpers
 from tests.submissions import corpus
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -103,8 +103,8 @@ def labs(root: Path = ROOT) -> list[Lab]:
         filename = next(p.name for p in sorted((root / "notebooks").glob("*.ipynb"))
                         if nbformat.read(p, as_version=4).metadata.get("labkit", {}).get("lab") == name)
         requires = {str(s.step): {str(r) for r in s.requires} for s in spec.steps}
-        for step, helpers in code_requires(parts).items():  # a helper another step's cell defines
-            requires.setdefault(step, set()).update(helpers)
+        for step, defining in code_requires(parts).items():  # a helper another step's cell defines
+            requires.setdefault(step, set()).update(defining)
         lab = Lab(name, release, filename, parts, [str(s.step) for s in spec.steps], requires, wrong)
         lab.wrong = [w for w in wrong if _knowable(lab, w[1])]
         found.append(lab)
@@ -117,14 +117,10 @@ def code_requires(parts: dict[str, str]) -> dict[str, set[str]]:
     `StepSpec.requires` says which steps a step's *check* builds on; the reference's cells can
     share more than that (relay's `_finite`, defined with step 3 and called by steps 5-7). A
     notebook that leaves the defining cell as the skeleton breaks those steps too, so for the
-    mix they build on it as well."""
-    defined: dict[str, set[str]] = {}
-    used: dict[str, set[str]] = {}
-    for step, code in parts.items():
-        tree = ast.parse(code)
-        defined[step] = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))} | {
-            t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
-        used[step] = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    mix they build on it as well. Unlike a reveal's helpers (`labkit.notebook.helpers`), a step
+    function the skeleton defines counts too: the skeleton's raises NotImplementedError."""
+    defined = {step: set(helpers.defined(code)) for step, code in parts.items()}
+    used = {step: helpers.globals_used(code) for step, code in parts.items()}
     shared = defined.get("header", set())
     return {step: {other for other in parts if other not in (step, "header")
                    and (used[step] - defined[step] - shared) & defined[other]}
