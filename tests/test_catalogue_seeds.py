@@ -49,6 +49,8 @@ TIMING_DEPENDENT = {
                                         "the scenario took",
     "relay:relay_claims_ahead_of_now": "claims at now + lease: which live leases it takes depends on when the "
                                        "scenario's publishers get the CPU",
+    "outbox:honours_proxy": "every call goes to the judge's proxy, which answers at once: whether that answer beats "
+                            "the 0.15 s timeout of the slow-server cases depends on the load (seen in CI)",
 }
 
 
