@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
-from labkit.sandbox import bwrap, cgroups
+from labkit.sandbox import bwrap, cgroups, seccomp
 from labkit.sandbox.policy import Policy
 
 # bwrap reports a death by signal N as exit status 128 + N, like a shell.
@@ -89,6 +89,7 @@ class Box:
     group: cgroups.Group | None = None
     _status_r: int | None = None
     _status_w: int | None = None
+    _seccomp: int | None = None  # the parent's copy of the filter's fd, until bwrap has started
     _closed: bool = False
     _state: dict = field(default_factory=dict)
     _usage: cgroups.Usage = field(default_factory=cgroups.Usage)
@@ -110,15 +111,25 @@ class Box:
         return box
 
     def command(self, argv: list[str]) -> list[str]:
-        """The wrapped command line; pass `pass_fds` to Popen, then call `started()`."""
-        if self._status_r is None:
-            self._status_r, self._status_w = os.pipe()
-        return bwrap.command(self.policy, argv, cgroup_procs=self.group.procs_files if self.group else (),
-                             status_fd=self._status_w)
+        """The wrapped command line; pass `pass_fds` to Popen, then call `started()`.
+
+        Raises `seccomp.SeccompUnavailable` (an OSError) when the policy wants a filter that
+        cannot be built here: a box never starts without the filter it was meant to have."""
+        try:
+            if self._status_r is None:
+                self._status_r, self._status_w = os.pipe()
+            if self.policy.seccomp and self._seccomp is None:  # every command line gets its filter
+                kind = seccomp.STUDENT if self.policy.drops_privileges else seccomp.NESTING
+                self._seccomp = seccomp.filter_fd(kind)
+            return bwrap.command(self.policy, argv, cgroup_procs=self.group.procs_files if self.group else (),
+                                 status_fd=self._status_w, seccomp_fd=self._seccomp)
+        except BaseException:
+            self.started()
+            raise
 
     @property
     def pass_fds(self) -> tuple[int, ...]:
-        return () if self._status_w is None else (self._status_w,)
+        return tuple(fd for fd in (self._status_w, self._seccomp) if fd is not None)
 
     def spawn(self, argv: list[str], **popen) -> subprocess.Popen:
         """Popen the wrapped command (`pass_fds` given are passed on, plus the box's own).
@@ -126,7 +137,11 @@ class Box:
         The process returned reports exit codes like a plain Popen (-N: killed by signal N)
         and closes the box once it is seen to have ended (`wait`, `poll`).
         """
-        wrapped = self.command(argv)
+        try:
+            wrapped = self.command(argv)
+        except BaseException:
+            self.close()
+            raise
         popen["pass_fds"] = (*popen.get("pass_fds", ()), *self.pass_fds)
         try:
             return BoxedPopen(self, wrapped, **popen)
@@ -137,10 +152,14 @@ class Box:
             self.started()
 
     def started(self) -> None:
-        """After the Popen: the parent's copy of the status pipe's write end is closed."""
+        """After the Popen (or instead of it): the parent's copies of the status pipe's write
+        end and of the seccomp filter's fd are closed."""
         if self._status_w is not None:
             os.close(self._status_w)
             self._status_w = None
+        if self._seccomp is not None:
+            os.close(self._seccomp)
+            self._seccomp = None
 
     def kill(self) -> int:
         """SIGKILL everything in the sandbox now (its cgroup, else its marked processes)."""

@@ -11,6 +11,10 @@
   groups and `no_new_privs` (a user namespace that merely maps root would keep root's file
   access; this does not).
 - prlimit sets the per-process limits (address space, file size, no core files).
+- a seccomp filter (`seccomp.py`, read by bwrap from an fd) is installed right before the
+  exec of setpriv, so the whole chain and everything it starts runs under it; /proc's views
+  of kernel-wide state (key rings, kernel memory and symbols, timers) are masked by
+  /dev/null, as Docker masks them.
 - The cgroup is joined by a one-line shell before bwrap starts, so every process of the
   sandbox is counted from its first instruction (memory incl. tmpfs and shared memory,
   number of processes).
@@ -27,6 +31,10 @@ from labkit.sandbox.policy import SYSTEM_DIRS, SYSTEM_FILES, SYSTEM_LINKS, Polic
 # Joins every cgroup named before `--`, then execs the rest. Exit 125: could not join.
 JOIN_CGROUPS = 'p=$$; while [ "$1" != -- ]; do echo "$p" > "$1" || exit 125; shift; done; shift; exec "$@"'
 TOOLS = ("bwrap", "setpriv", "prlimit")
+# /proc files that show (or poke) kernel-wide state, not the box's own: each one that exists
+# here is covered by /dev/null inside (Docker's masked paths; the kernel is the same inside).
+MASKED_PROC = ("/proc/keys", "/proc/key-users", "/proc/kcore", "/proc/kallsyms", "/proc/timer_list",
+               "/proc/sched_debug", "/proc/sysrq-trigger", "/proc/latency_stats")
 
 
 def tool(name: str) -> str | None:
@@ -72,11 +80,12 @@ def _ancestors(paths: list[str], bound: set[str], roots: set[str]) -> list[str]:
 
 
 def command(policy: Policy, argv: list[str], *, cgroup_procs: tuple[Path, ...] = (),
-            status_fd: int | None = None) -> list[str]:
+            status_fd: int | None = None, seccomp_fd: int | None = None) -> list[str]:
     """The full command line that runs `argv` under `policy`.
 
     `cgroup_procs`: the `cgroup.procs` files to join first; `status_fd`: an fd that bwrap
-    writes its JSON status to (the child's pid, then its exit code).
+    writes its JSON status to (the child's pid, then its exit code); `seccomp_fd`: an fd to
+    read the compiled seccomp filter from (`seccomp.filter_fd`).
     """
     bwrap = tool("bwrap") or "bwrap"
     args = [bwrap, "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--hostname", "sandbox",
@@ -89,6 +98,8 @@ def command(policy: Policy, argv: list[str], *, cgroup_procs: tuple[Path, ...] =
         args += ["--cap-add", "ALL"]  # the judge's own box: it mounts and chowns for its children
     if status_fd is not None:
         args += ["--json-status-fd", str(status_fd)]
+    if seccomp_fd is not None:
+        args += ["--seccomp", str(seccomp_fd)]
     args += ["--clearenv"]
     for key, value in sorted(policy.env.items()):
         args += ["--setenv", key, value]
@@ -97,6 +108,9 @@ def command(policy: Policy, argv: list[str], *, cgroup_procs: tuple[Path, ...] =
     binds = [(str(p), False) for p in policy.read_only] + [(str(p), True) for p in policy.writable]
     binds.sort(key=lambda b: (b[0].count("/"), b[0]))
     args += ["--proc", "/proc", "--dev", "/dev"]
+    for path in MASKED_PROC:
+        if os.path.exists(path):
+            args += ["--ro-bind", "/dev/null", path]
     for mount in ("/tmp", "/dev/shm"):  # first: a bind below /tmp (a step's folder) stays visible
         args += ["--perms", "1777", "--size", str(policy.tmp_bytes), "--tmpfs", mount]
     private = {"/tmp", "/dev/shm", *(path for path, _ in policy.scratch)}

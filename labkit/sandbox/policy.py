@@ -56,6 +56,11 @@ class Policy:
     # Per-process limits (prlimit): address space and the largest file it may write.
     address_space: int | None = None
     file_bytes: int | None = 256 * MiB
+    # A seccomp filter (`seccomp.py`): no key rings (one per uid, not per namespace: a key would
+    # carry a solution from one box to the next), no ptrace, eBPF, perf, io_uring, mounts or
+    # new namespaces. True for every box (the judge's own gets the variant that lets it start
+    # bwrap); only a test may turn it off, to show what it blocks.
+    seccomp: bool = True
 
     @property
     def drops_privileges(self) -> bool:
