@@ -73,7 +73,11 @@ def run_check(args: argparse.Namespace) -> int:
         except KeyError:
             raise UsageError(f"lab {args.lab} has no step {step!r}") from None
     verdict = run_lab(lab, args.solution.resolve(), steps, args.seed)
-    text = json.dumps(verdict.to_json(), ensure_ascii=False) if args.json else render_lab(verdict, MODULE)
+    from labkit.grading.terminal import safe_lines
+
+    # The verdict quotes what the student's code returned: no control character reaches the terminal
+    # raw (JSON escapes them itself; ensure_ascii also escapes C1 controls and bidi overrides).
+    text = json.dumps(verdict.to_json()) if args.json else safe_lines(render_lab(verdict, MODULE))
     try:
         print(text, flush=True)
     except BrokenPipeError:  # `... | head`: the reader left; the verdict still decides the exit code
@@ -101,7 +105,9 @@ def run_report(args: argparse.Namespace) -> int:
 
     if not gradebook.results_dir(args.grades).is_dir():
         raise UsageError(f"{args.grades} is not a `grade` output folder (it has no .results/)")
-    print(report.write(args.grades.resolve()))
+    from labkit.grading.terminal import safe_lines
+
+    print(safe_lines(report.write(args.grades.resolve())))
     return 0
 
 
@@ -173,5 +179,7 @@ def main(argv: list[str] | None = None) -> int:
             return run_merge(args)
         return run_grade(args)
     except UsageError as exc:
-        print(f"python -m labkit: error: {exc}", file=sys.stderr)
+        from labkit.grading.terminal import safe_lines
+
+        print(f"python -m labkit: error: {safe_lines(exc)}", file=sys.stderr)
         return 2

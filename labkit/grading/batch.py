@@ -35,6 +35,7 @@ from labkit.grading.settings import (
     socket_folder,
 )
 from labkit.grading.shards import WHOLE, Shard, shard_of
+from labkit.grading.terminal import safe, safe_lines
 from labkit.judge import reaper
 from labkit.limits import step_timeout
 
@@ -231,9 +232,10 @@ class Progress:
 
     def update(self, row: dict) -> None:
         self.done += 1
-        line = (f"{row['student']} {row['lab'] or row['notebook']}: {row['total']}/{row['max']} "
-                f"{row['status']}" + (f" [{', '.join(row['flags'])}]" if row["flags"] else "")
-                + f" ({row['seconds']:.1f} s)")
+        # Names, file names and flags are the student's: printed only through `safe`.
+        line = safe(f"{row['student']} {row['lab'] or row['notebook']}: {row['total']}/{row['max']} "
+                    f"{row['status']}" + (f" [{', '.join(row['flags'])}]" if row["flags"] else "")
+                    + f" ({row['seconds']:.1f} s)")
         if self.bar is not None:
             self.bar.set_postfix_str(line[:40], refresh=False)
             self.bar.update(1)
@@ -338,10 +340,10 @@ def _run_locked(found, skipped, batch: Batch, seed: int | None) -> int:
     done = len(mine) - len(todo)
     todo.sort(key=lambda j: (j["lab"] is not None, j["key"]))  # malformed files take no time
     shard_note = "" if batch.shard == WHOLE else f" (shard {batch.shard}: {len(mine)} of {len(all_jobs)})"
-    print(f"grading {len(todo)} notebook(s){shard_note} with {batch.jobs} job(s), seed {batch.seed}, "
-          f"sandbox: {batch.sandbox_label}"
-          + (f"; {done} already graded (--force regrades)" if done else "")
-          + (f"; {len(skipped)} path(s) skipped (listed in the gradebook)" if skipped else ""), flush=True)
+    print(safe(f"grading {len(todo)} notebook(s){shard_note} with {batch.jobs} job(s), seed {batch.seed}, "
+               f"sandbox: {batch.sandbox_label}"
+               + (f"; {done} already graded (--force regrades)" if done else "")
+               + (f"; {len(skipped)} path(s) skipped (listed in the gradebook)" if skipped else "")), flush=True)
     progress = Progress(len(todo))
     queue, active = list(todo), []
     free = list(range(batch.jobs))  # slots: each running job's uid is its slot's
@@ -398,13 +400,14 @@ def finish_report(out: Path, rows: list[dict], seconds: float) -> None:
     for row in rows:
         counts[row["status"]] = counts.get(row["status"], 0) + 1
     summary = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
-    print(f"{len(rows)} row(s) in {out / 'grades.csv'} ({summary}); feedback in {out / FEEDBACK} "
-          f"({seconds:.1f} s)", flush=True)
+    print(safe(f"{len(rows)} row(s) in {out / 'grades.csv'} ({summary}); feedback in {out / FEEDBACK} "
+               f"({seconds:.1f} s)"), flush=True)
     from labkit.grading import report
 
     try:
         text = report.write(out)
     except Exception as exc:  # the grades are written; a report that fails must not hide them
-        print(f"the class report could not be written: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        print(safe(f"the class report could not be written: {type(exc).__name__}: {exc}"), file=sys.stderr,
+              flush=True)
         return
-    print(text, flush=True)
+    print(safe_lines(text), flush=True)

@@ -6,6 +6,11 @@ notebook (nbconvert's basic template). Every piece of the page that carries text
 student's code could choose — the verdict (values, messages) and the whole notebook — goes
 through nh3 (Rust's ammonia) with an allow-list: no scripts, no styles, no event handlers, no
 `javascript:` or `data:` URLs. Only the page's own frame and stylesheet are written here.
+
+The page loads nothing from anywhere: a Content-Security-Policy (the first thing in its
+<head>) allows only inline styles and `data:` images, and the sanitizer keeps no address
+that points outside the page — an `<img>` keeps only a `data:` PNG, JPEG or GIF, a link only
+a `#fragment`, an inline style nothing that could fetch (`url(…)`, `image-set(…)`, escapes).
 """
 
 from __future__ import annotations
@@ -65,12 +70,28 @@ STYLE_PROPERTIES = {"color", "background", "background-color", "overflow-x", "wh
 
 
 IMAGE_DATA = ("data:image/png;", "data:image/jpeg;", "data:image/gif;")
+# Every page's first <head> element: nothing is fetched, nothing runs (the sanitizer's rules
+# below say the same; this holds even where they would miss something).
+CSP = ('<meta http-equiv="Content-Security-Policy" content="default-src \'none\'; img-src data:; '
+       "style-src 'unsafe-inline'; font-src 'none'; connect-src 'none'; media-src 'none'; object-src 'none'; "
+       "frame-src 'none'; child-src 'none'; worker-src 'none'; manifest-src 'none'; base-uri 'none'; "
+       'form-action \'none\'">')
+# An inline style with any of these could fetch something (`url(`, `image-set(`, `@import`, a CSS
+# escape spelling either): the whole attribute goes.
+STYLE_FETCHES = ("(", "\\", "@", "url", "image", "&")
 
 
 def _urls(tag: str, attribute: str, value: str) -> str | None:
-    """`data:` URLs only as an <img>'s picture (a notebook's plots); never as a link."""
-    if attribute in ("href", "src") and value.strip().lower().startswith("data:"):
-        return value if tag == "img" and attribute == "src" and value.lower().startswith(IMAGE_DATA) else None
+    """Nothing that points outside the page: `src` only as an <img>'s `data:` picture (a
+    notebook's plots), `href` only as a `#fragment` of the page, no style that can fetch."""
+    if attribute == "src":
+        plain = value.strip().lower()
+        return value if tag == "img" and plain.startswith(IMAGE_DATA) and "base64," in plain else None
+    if attribute == "href":
+        return value if value.strip().startswith("#") else None
+    if attribute == "style":
+        plain = value.lower()
+        return None if any(mark in plain for mark in STYLE_FETCHES) else value
     return value
 
 
@@ -82,7 +103,7 @@ def clean(html: str) -> str:
 def clean_with(html: str, tags: set[str], attributes: dict[str, set[str]]) -> str:
     """`clean` with another allow-list of tags and attributes (the class report's tables)."""
     return nh3.clean(html, tags=tags, attributes=attributes,
-                     url_schemes={"http", "https", "data"}, attribute_filter=_urls,
+                     url_schemes={"data"}, attribute_filter=_urls,
                      filter_style_properties=STYLE_PROPERTIES, strip_comments=True,
                      link_rel="noopener noreferrer nofollow")
 
@@ -197,7 +218,7 @@ def page(row: dict, verdict: LabVerdict | None, nb: NotebookNode | None, notes: 
         items = "".join(f"<li>{_flag_line(f)}</li>" for f in row["flags"])
         summary.append(f'<div class="lk-flags">Changes the grader undid or noticed:<ul>{items}</ul></div>')
     summary.append("</div>")
-    parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+    parts = ["<!DOCTYPE html>", f'<html lang="en"><head>{CSP}<meta charset="utf-8">',
              f"<title>{escape(title)}</title>", PAGE_STYLE, render_html.STYLE, "</head><body>",
              *summary]
     if verdict is not None:

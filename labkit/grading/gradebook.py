@@ -12,6 +12,7 @@ import csv
 import io
 import json
 import os
+import re
 import tempfile
 from pathlib import Path
 
@@ -25,6 +26,13 @@ OPTIONAL = ["submitted_at", "revealed"]
 # OWASP's rule against CSV formula injection: a text cell starting with one of these is
 # prefixed with a quote, so a spreadsheet shows it as text instead of running it.
 FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+# A spreadsheet told to split on `;` or tab (or that trims spaces, or that reads the quotes
+# as text) starts a field wherever one of these is, not only where our commas are: after
+# any separator, line break or quote, then any run of spaces, quotes and control characters.
+# A formula sign there (ASCII, or its fullwidth form, which some spreadsheets fold to ASCII)
+# gets a `'` put right before it: whatever the split, the field then starts with `'` or
+# with text, never with the sign. See `defuse`.
+FIELD_START = re.compile('(?:^|(?<=[,;\t\r\n"]))[\\s"\x00-\x1f\x7f]*(?=[=+\\-@\uff1d\uff0b\uff0d\uff20])')
 
 
 def _umask() -> int:
@@ -164,10 +172,19 @@ def to_csv(rows: list[dict]) -> str:
 
 
 def defuse(value):
-    """A CSV cell that a spreadsheet will show as text, never evaluate (numbers stay numbers)."""
-    if isinstance(value, str) and value.startswith(FORMULA_START):
-        return "'" + value
-    return value
+    """A CSV cell that a spreadsheet will show as text, never evaluate (numbers stay numbers).
+
+    Splitting on `,`, `;` or tab, a field can start at the cell's start or after any
+    separator, line break or quote inside it. Wherever the first character past the spaces,
+    quotes and control characters there is a formula sign, a `'` goes right before the sign:
+    a field cut there (its quotes and spaces stripped or not) starts with `'` or with the
+    characters before it, which are not signs — never with `= + - @`. The cell's own start
+    also keeps OWASP's rule (a tab or CR first: prefixed too). The JSON keeps the real text.
+    """
+    if not isinstance(value, str):
+        return value
+    value = FIELD_START.sub(lambda m: m.group() + "'", value)
+    return "'" + value if value.startswith(FORMULA_START) else value
 
 
 def write_gradebook(out: Path) -> list[dict]:

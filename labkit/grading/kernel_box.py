@@ -9,6 +9,13 @@ cell can put anything on the grader's disk.
 
 Without a sandbox (`grade --no-sandbox`) the kernel still gets its limits (prlimit) and a
 private environment, but sees and may write whatever the grader may.
+
+The kernel's own stdio is never the grader's: the worker's stdout and stderr are its log in
+`--out/.results/`, and jupyter_client would hand them to the kernel (and to bwrap) as they
+are. The kernel gets /dev/null for stdin and stdout, and a pipe for stderr that a thread of
+ours drains, keeping only its last `STDERR_TAIL` bytes (the reason a kernel failed to start);
+no other descriptor of the worker is inherited (`close_fds`; only the box's status pipe is
+passed on).
 """
 
 from __future__ import annotations
@@ -16,6 +23,8 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import subprocess
+import threading
 import uuid
 from pathlib import Path
 
@@ -28,6 +37,35 @@ from labkit.sandbox import bwrap, profiles
 
 # The kernel's home and working folder inside its sandbox (a private tmpfs).
 HOME = "/home/student"
+# What is kept of the kernel's (and bwrap's) stderr: its end, in memory, never on disk.
+STDERR_TAIL = 8192
+
+
+class Drain:
+    """The read end of a kernel's stderr pipe, read to its end by a thread; only the tail is kept."""
+
+    def __init__(self) -> None:
+        self.read_fd, self.write_fd = os.pipe()  # both O_CLOEXEC: Popen dups the write end onto fd 2
+        self.tail = bytearray()
+        self.thread = threading.Thread(target=self._run, name="kernel-stderr", daemon=True)
+
+    def started(self) -> None:
+        """After the Popen: our copy of the write end goes, so the pipe ends with the kernel."""
+        os.close(self.write_fd)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            while chunk := os.read(self.read_fd, 65536):
+                self.tail += chunk
+                del self.tail[:-STDERR_TAIL]
+        except OSError:
+            pass
+        finally:
+            os.close(self.read_fd)
+
+    def text(self) -> str:
+        return bytes(self.tail).decode("utf-8", "replace")
 
 
 def kernel_env(home: str, marker: str) -> dict[str, str]:
@@ -82,6 +120,7 @@ class KernelBox:
         self.sockets, self.lab, self.limits, self.marker = sockets, lab, limits, marker
         self.uid, self.shown = uid, dict(shown or {})
         self.boxes: list = []
+        self.drains: list[Drain] = []
         sockets.mkdir(parents=True, exist_ok=True)
         sockets.chmod(0o700)
         if self.sandboxed:
@@ -154,6 +193,10 @@ class KernelBox:
             box.kill()
         reaper.kill_marked(self.marker)
 
+    def stderr(self) -> str:
+        """The end of what the last kernel started (and its sandbox) wrote to stderr."""
+        return self.drains[-1].text() if self.drains else ""
+
     def close(self) -> None:
         self.kill()
         for box in self.boxes:
@@ -180,6 +223,11 @@ class KernelBox:
                 kw["pass_fds"] = (*kw.get("pass_fds", ()), *box.pass_fds)
                 kw["env"] = owner.env()
                 kw["cwd"] = str(owner.sockets) if box.active else owner.home()
+                # Never the worker's stdio (its log, in --out) nor any other descriptor of ours.
+                drain = self._labkit_drain = Drain()
+                owner.drains.append(drain)
+                kw.update(stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=drain.write_fd,
+                          close_fds=True)
                 return wrapped, kw
 
             async def _async_launch_kernel(self, kernel_cmd, **kw):
@@ -187,6 +235,7 @@ class KernelBox:
                     return await super()._async_launch_kernel(kernel_cmd, **kw)
                 finally:
                     self._labkit_box.started()
+                    self._labkit_drain.started()
 
             async def _async_interrupt_kernel(self):
                 if not owner.interrupt():

@@ -22,6 +22,7 @@ from labkit.grading import gradebook, manifest, record, report
 from labkit.grading.settings import EXECUTED
 from labkit.grading.shards import Shard
 from labkit.grading.submissions import read_capped, slug
+from labkit.grading.terminal import safe, safe_lines
 
 # A feedback page or executed notebook larger than this is not copied (the grader caps both
 # far below it: outputs at 4 MB, notebooks at 20 MB).
@@ -204,8 +205,8 @@ def run(paths: list[Path], out: Path) -> int:
     finally:
         lock.close()
     given = ", ".join(str(s.index) for s in sorted(shards, key=lambda s: s.index))
-    print(f"merged shard(s) {given} of {count}: {len(found.merged)} record(s), {len(rows)} row(s) in "
-          f"{out / 'grades.csv'}", flush=True)
+    print(safe(f"merged shard(s) {given} of {count}: {len(found.merged)} record(s), {len(rows)} row(s) in "
+               f"{out / 'grades.csv'}"), flush=True)
     absent = sorted(set(range(1, count + 1)) - {s.index for s in shards})
     if absent:
         holds = {i: [n for n in shards[0].manifest.students if Shard(i, count).holds(n)] for i in absent}
@@ -214,11 +215,11 @@ def run(paths: list[Path], out: Path) -> int:
     if found.missing:
         print(f"missing: {len(found.missing)} submission(s) have no good record:")
         for key, why in sorted(found.missing.items()):
-            print(f"  {_student(key, shards)} ({key}): {why}")
+            print("  " + safe(f"{_student(key, shards)} ({key}): {why}"))
     if found.duplicated:
         print(f"duplicated: {len(found.duplicated)} record(s) are in more than one shard (the one of the "
               "shard that owns the student was taken):")
         for key, holders in sorted(found.duplicated.items()):
-            print(f"  {_student(key, shards)} ({key}): shards {', '.join(map(str, holders))}")
-    print(summary, flush=True)
+            print("  " + safe(f"{_student(key, shards)} ({key}): shards {', '.join(map(str, holders))}"))
+    print(safe_lines(summary), flush=True)
     return 1 if found.missing or found.duplicated or absent else 0

@@ -1,4 +1,5 @@
-"""The class report as one self-contained HTML page: no script, no external CSS, font or image.
+"""The class report as one self-contained HTML page: no script, no external CSS, font or image
+(the feedback pages' Content-Security-Policy says so to the browser too).
 
 Charts are inline SVG (`charts`), each with a table of the same numbers beside it. Text a
 student's code could choose (example got lines, hints) was anonymised by `report` and is
@@ -13,7 +14,7 @@ import re
 from html import escape
 
 from labkit.grading import charts
-from labkit.grading.feedback import ALLOWED_ATTRIBUTES, ALLOWED_TAGS, clean_with
+from labkit.grading.feedback import ALLOWED_ATTRIBUTES, ALLOWED_TAGS, CSP, clean_with
 from labkit.grading.report import ClassReport, ClauseStats, LabStats, StepStats
 
 STYLE = """
@@ -185,6 +186,6 @@ def page(report: ClassReport) -> str:
     if not report.labs:
         body += "<p>No lab notebook was graded in this folder.</p>"
     safe = clean_with(body, REPORT_TAGS, REPORT_ATTRIBUTES)
-    return "\n".join(["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+    return "\n".join(["<!DOCTYPE html>", f'<html lang="en"><head>{CSP}<meta charset="utf-8">',
                       '<meta name="viewport" content="width=device-width, initial-scale=1">',
                       "<title>Class report</title>", STYLE, "</head><body>", safe, "</body></html>", ""])

@@ -26,7 +26,7 @@ import nbformat
 
 from labkit import labs
 from labkit.grading import answers, feedback, gradebook, judge_box, record
-from labkit.grading.execute import execute, prepare, untag
+from labkit.grading.execute import cap_outputs, execute, prepare, untag
 from labkit.grading.kernel_box import HOME, KernelBox
 from labkit.grading.restore import Restored, check_step, restore
 from labkit.grading.settings import (
@@ -126,6 +126,9 @@ def grade(job: dict) -> dict:
         feedback.mark_death(executed, execution.died_at, execution.message)
         feedback.sanitize_student_cells(executed, restored.released_ids)
         feedback.fill_checks(executed, verdict, restored.released_ids)
+        # The cap, measured on the notebook as it is written (the grader's verdicts are not counted).
+        cut = cap_outputs(executed, limits, skip)
+        execution.truncated_cells = sorted(set(execution.truncated_cells) | set(cut))
         quiz = answers.score(job["lab"], raw_quiz)  # correctness from the answer key, never the file
         gradebook.write_atomic(out / EXECUTED / slug(job["student"]) / f"{job['lab']}.ipynb",
                                nbformat.writes(executed))
@@ -135,7 +138,9 @@ def grade(job: dict) -> dict:
             notes.append(f"{execution.message} Your score does not depend on the kernel: the grader "
                          "scores the code of your step cells in separate processes.")
         if execution.truncated_cells:
-            cells = ", ".join(map(str, execution.truncated_cells))
+            shown = execution.truncated_cells[:20]
+            more = len(execution.truncated_cells) - len(shown)
+            cells = ", ".join(map(str, shown)) + (f" and {more} more" if more else "")
             notes.append(f"The output of cell(s) {cells} was too long and was cut.")
         if verdict is None:
             status = CRASHED
