@@ -17,6 +17,7 @@ from labkit.judge.expect import (
     under,
     value_of,
 )
+from labkit.judge.hooks import KILLED_TEXT, run_to_hook
 from labkit.judge.run import StepContext
 from labkit.judge.verdict import Case, Outcome
 from labkit.values import same
@@ -50,14 +51,25 @@ def check_crash(ctx: StepContext) -> list[Case]:
     return cases
 
 
-def _timeline_process(ctx, label, run, killed=False):
+def _timeline_process(ctx, label, run, hook=None):
     ctx.evidence.timeline.append({"t": run.started_at, "actor": label, "kind": "start", "text": "process started"})
     for note in run.messages():
         if note.get("kind") == "hook":
-            ctx.evidence.timeline.append({"t": note["t"], "actor": label, "kind": "ack",
-                                          "text": f"ACK for {told(note.get('id'))} verified; after_delivery runs os._exit"})
-    kind = "killed" if killed and run.exit_code == 73 else "exit"
-    ctx.evidence.timeline.append({"t": run.ended_at, "actor": label, "kind": kind, "text": f"exit code {run.exit_code}"})
+            ctx.evidence.timeline.append({"t": _when(note, run), "actor": label, "kind": "ack",
+                                          "text": f"ACK for {told(note.get('id'))} verified; after_delivery reached: "
+                                                  "the judge kills the process there"})
+    if hook is not None:
+        ctx.evidence.timeline.append({"t": run.ended_at, "actor": label, "kind": "killed", "text": KILLED_TEXT})
+    else:
+        ctx.evidence.timeline.append({"t": run.ended_at, "actor": label, "kind": "exit",
+                                      "text": f"exit code {run.exit_code}"})
+
+
+def _when(note, run) -> float:
+    """The time a child wrote in its note, if it is a number within the run (else the run's end)."""
+    t = note.get("t")
+    return t if isinstance(t, (int, float)) and not isinstance(t, bool) and run.started_at <= t <= run.ended_at \
+        else run.ended_at
 
 
 def _timeline_requests(ctx, requests, seen):
@@ -135,8 +147,12 @@ def _killed_after_ack(ctx, spawn_warehouse) -> list[Case]:
     wh = spawn_warehouse(ctx.solution, sink, log, ctx.workdir, marker=ctx.marker())
     try:
         url = wh.url
-        first = ctx.child("crash_dispatch", {"source": str(source), "url": url, "kill": True, "exit_code": 73})
-        _timeline_process(ctx, "publisher #1", first, killed=True)
+        # The judge kills publisher #1's whole sandbox when it reports the hook, then reads the files.
+        first, hook = run_to_hook(ctx.solution, f"{ctx.lab.probes}:crash_dispatch",
+                                  {"source": str(source), "url": url, "kill": True}, workdir=ctx.workdir,
+                                  timeout=ctx.timeout, marker=ctx.marker(), module_name=ctx.lab.module_name,
+                                  at_hook=lambda r: r.get("kind") == "hook")
+        _timeline_process(ctx, "publisher #1", first, hook)
         seen = _timeline_requests(ctx, wh.requests(), 0)
         _snapshot(ctx, first.ended_at, source, sink, "snack-7")
         flags = db.sent_flags(source)
@@ -150,15 +166,15 @@ def _killed_after_ack(ctx, spawn_warehouse) -> list[Case]:
     finally:
         wh.close()
     cases = []
-    hooked = any(n.get("kind") == "hook" for n in first.messages())
+    hooked = hook is not None
     died = Case("publisher #1 dies right after the ACK", Outcome.PASSED,
-                "dispatch(con, send_http to the warehouse, 16, after_delivery=os._exit(73))", "exit code 73",
-                clauses=("final.dies-at-hook",))
-    if first.exit_code != 73 or not hooked:
+                "dispatch(con, send_http to the warehouse, 16, after_delivery=hook) where the judge kills the "
+                "process in the hook", KILLED_TEXT, clauses=("final.dies-at-hook",))
+    if not hooked:
         miss = _process_problem(first, "after_delivery must be called after a True ACK, before mark_sent.", requests)
         died.outcome, died.got, died.hint = miss.outcome, miss.got, miss.hint
     else:
-        ctx.evidence.faults.append("publisher killed in after_delivery (os._exit) — exit code 73 observed")
+        ctx.evidence.faults.append(f"publisher {KILLED_TEXT} in after_delivery")
     cases.append(died)
     flag, stock_after, inbox_after = after_crash
     state = Case("after the crash: pending in the source, applied in the warehouse", Outcome.PASSED,

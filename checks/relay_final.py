@@ -3,8 +3,8 @@
 Real processes, real 0.3 s leases, one warehouse (in the judge's process, with per-event faults
 and a log of the token each request carried):
 
-1-2. On one outbox: publisher A #1 claims snack-1 and dies in after_claim (os._exit(74));
-     publisher A #2 (A restarted) claims snack-2 and stops itself with SIGSTOP in after_claim —
+1-2. On one outbox: publisher A #1 claims snack-1 and dies in after_claim (the judge kills it there);
+     publisher A #2 (A restarted) claims snack-2 and is stopped by the judge (SIGSTOP from outside) in after_claim —
      the judge sees the stop in /proc; B takes both over once the leases ran out; then the judge
      sends SIGCONT and A #2's complete must be refused by its stale token.
 3-4. On a second outbox, on the judge's clock: five events, one refused for good (422), one twice
@@ -17,10 +17,7 @@ children's reports are used for return values only (A #2's counts).
 
 from __future__ import annotations
 
-import os
-import signal
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,15 +34,15 @@ from checks.relay_outbox import (
     same_number,
     shown,
 )
-from labkit.judge import reaper
-from labkit.judge.child import ChildRun, run_child
+from labkit.judge import freeze
+from labkit.judge.child import ChildRun
 from labkit.judge.expect import SKELETON_HINT, Miss, describe, import_problem
+from labkit.judge.hooks import KILLED_TEXT, release, run_to_hook
 from labkit.judge.run import StepContext
 from labkit.judge.verdict import Case, Outcome
 from labkit.values import decode
 
 LEASE = 0.3  # the final check's real leases, in seconds of wall-clock time
-DIE_EXIT_CODE = 74
 DRAIN_SECONDS = 3.0  # B stops trying after this long (a correct B needs about one lease)
 
 
@@ -57,6 +54,7 @@ class Scene:
     pills: Path  # parts 3-4
     ids: dict[str, str] = field(default_factory=dict)  # role → event id (parts 3-4)
     runs: dict[str, ChildRun] = field(default_factory=dict)  # "A #1", "A #2", "B", "C", "D"
+    killed: set[str] = field(default_factory=set)  # runs the judge killed at their hook
     stopped_at: float | None = None  # when the judge saw A #2 in state T
     continued_at: float | None = None
     after_death: dict | None = None  # snack-1's row right after A #1 died
@@ -118,32 +116,39 @@ def check_final(ctx: StepContext) -> list[Case]:
 
 
 def _two_publishers(ctx: StepContext, scene: Scene, common: dict) -> None:
-    """A #1 dies right after its claim; A #2 is frozen right after its own; B takes both over."""
+    """A #1 is killed right after its claim; A #2 is frozen right after its own; B takes both over.
+
+    Both from outside: each after_claim reports the claim and waits; on that report the judge
+    SIGKILLs A #1's whole sandbox, and SIGSTOPs every process of A #2's (`labkit.judge.freeze`),
+    runs B, then SIGCONTs A #2 and lets its after_claim return."""
     # The judge chooses the `now` of the first calls (A's claims, B's first round) on the wall
     # clock it reads here, so they happen inside the leases whatever the machine's load; from
     # then on the leases run out in real time.
     t1 = time.time()
-    scene.runs["A #1"] = ctx.child("publisher", {**common, "owner": "A", "mode": "die", "exit_code": DIE_EXIT_CODE,
-                                                 "limit": 1, "nows": [t1], "cases": ["relay"]})
+    claimed = lambda r: r.get("kind") == "claimed"  # noqa: E731
+    run, hook = run_to_hook(ctx.solution, f"{ctx.lab.probes}:publisher",
+                            {**common, "owner": "A", "mode": "die", "limit": 1, "nows": [t1], "cases": ["relay"]},
+                            workdir=ctx.workdir, timeout=ctx.timeout, marker=ctx.marker(),
+                            module_name=ctx.lab.module_name, at_hook=claimed)
+    scene.runs["A #1"] = run
+    if hook is not None:
+        scene.killed.add("A #1")
     scene.after_death = rows_of(scene.db).get(1)
-    if scene.runs["A #1"].timed_out:
+    if run.timed_out:
         return  # it hangs: the others would too, each for its full time limit
     first = [e for e in claims_in(audit(scene.db)) if e["id"] == "snack-1"]
     a_ends = first[0]["lease_until"] if first else t1 + LEASE
     scene.b_first_now = a_ends - LEASE / 3  # shortly before A's lease ends: B must take nothing yet
     marker = ctx.marker()
-    args = {**common, "owner": "A", "mode": "pause", "limit": 1, "nows": [t1 + 0.01], "cases": ["relay"]}
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        paused = pool.submit(run_child, ctx.solution, f"{ctx.lab.probes}:publisher", args, workdir=ctx.workdir,
-                             timeout=ctx.timeout, marker=marker, module_name=ctx.lab.module_name)
+
+    def paused(record: dict, session) -> str:
+        if "B" in scene.runs:  # a second after_claim: nothing more to do there
+            release(session)
+            return "continue"
+        pids = freeze.freeze(session.proc, marker)
+        if pids and all(freeze.stopped(p) for p in pids):
+            scene.stopped_at = time.time()
         try:
-            # Bounded by the child's own time limit: run_child kills it and returns by then.
-            deadline = time.monotonic() + ctx.timeout + 2.0
-            while not paused.done() and time.monotonic() < deadline:
-                if _stopped_pids(marker):
-                    scene.stopped_at = time.time()
-                    break
-                time.sleep(0.005)
             # B's first round is at a moment inside both leases (the judge's clock): it must take
             # nothing; then it claims on the wall clock until both rows are settled.
             scene.runs["B"] = ctx.child("publisher", {**common, "owner": "B", "mode": "drain", "limit": 16,
@@ -151,33 +156,17 @@ def _two_publishers(ctx: StepContext, scene: Scene, common: dict) -> None:
                                                       "seconds": DRAIN_SECONDS, "cases": ["relay"]})
             scene.after_b = rows_of(scene.db).get(2)
         finally:
-            if _signal_stopped(marker, signal.SIGCONT):
+            if pids:
+                freeze.thaw(pids)
                 scene.continued_at = time.time()
-            scene.runs["A #2"] = paused.result()
+            release(session)
+        return "continue"
 
-
-def _stopped_pids(marker: str) -> list[int]:
-    """The processes carrying `marker` that are stopped (state T in /proc/<pid>/stat). The judge
-    observes the stop itself, whatever wraps the child (a sandbox may add a parent process)."""
-    found = []
-    for pid in reaper.marked_pids(marker):
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except OSError:
-            continue
-        if stat[stat.rindex(")") + 1:].split()[0] == "T":
-            found.append(pid)
-    return found
-
-
-def _signal_stopped(marker: str, signum: int) -> bool:
-    pids = _stopped_pids(marker)
-    for pid in pids:
-        try:
-            os.kill(pid, signum)
-        except ProcessLookupError:
-            pass
-    return bool(pids)
+    scene.runs["A #2"], _ = run_to_hook(
+        ctx.solution, f"{ctx.lab.probes}:publisher",
+        {**common, "owner": "A", "mode": "pause", "limit": 1, "nows": [t1 + 0.01], "cases": ["relay"]},
+        workdir=ctx.workdir, timeout=ctx.timeout, marker=marker, module_name=ctx.lab.module_name,
+        at_hook=claimed, on_hook=paused)
 
 
 # --- what the runs returned (evidence about return values only) --------------------------------
@@ -252,8 +241,8 @@ def _publisher_cases(ctx: StepContext, scene: Scene) -> list[Case]:
     s1, s2 = _claims_of(scene, "snack-1"), _claims_of(scene, "snack-2")
     return [
         _case("A dies right after claiming snack-1",
-              f"relay_once(con, 'A', send, now, 0.3, 1, policy, after_claim=hook) where hook runs "
-              f"os._exit({DIE_EXIT_CODE})", f"exit code {DIE_EXIT_CODE}; snack-1 leased by A; nothing sent",
+              "relay_once(con, 'A', send, now, 0.3, 1, policy, after_claim=hook) where the judge kills the "
+              "process in the hook", f"{KILLED_TEXT}; snack-1 leased by A; nothing sent",
               "final.dead-owner", _dead_owner(ctx, scene, a1, s1)),
         _case("B does not take snack-1 while A's lease is live",
               "relay_once(con, 'B', …) in a new process: first at a now shortly before A's lease ends, then every "
@@ -263,7 +252,8 @@ def _publisher_cases(ctx: StepContext, scene: Scene) -> list[Case]:
               "snack-1 claimed by B with a larger token; one POST with that token, applied; sent under it",
               "final.takeover", _takeover(ctx, scene, s1, b)),
         _case("A, restarted, is frozen right after claiming snack-2; B takes it over",
-              "relay_once(con, 'A', …) where after_claim stops the process (SIGSTOP); B as above; then SIGCONT",
+              "relay_once(con, 'A', …) where the judge stops every process of A in after_claim (SIGSTOP); B as "
+              "above; then SIGCONT",
               "the judge sees A stopped before it sent anything; B claims snack-2 after A's lease, with a larger "
               "token, and completes it", "final.paused-owner", _paused_owner(ctx, scene, a2, b, s2)),
         _case("the woken A is refused by its stale token", "SIGCONT: A sends snack-2, then calls complete",
@@ -274,7 +264,7 @@ def _publisher_cases(ctx: StepContext, scene: Scene) -> list[Case]:
 
 def _dead_owner(ctx: StepContext, scene: Scene, a1: ChildRun | None, s1: list[dict]) -> Miss | None:
     hooked = a1 is not None and any(n.get("kind") == "claimed" for n in a1.messages())
-    if a1 is not None and a1.exit_code == DIE_EXIT_CODE and hooked:
+    if a1 is not None and "A #1" in scene.killed:
         sent_by_a = [r for r in _requests_for(scene, "snack-1") if r.get("t_start", 0) <= a1.ended_at]
         if sent_by_a:
             return Miss("the warehouse got snack-1 from A before A died", "Call after_claim(seq) right after the "
@@ -282,15 +272,12 @@ def _dead_owner(ctx: StepContext, scene: Scene, a1: ChildRun | None, s1: list[di
         if not s1 or s1[0]["owner"] != "A" or (scene.after_death or {}).get("state") != "leased":
             return Miss(f"after A died the judge read snack-1 as {shown(scene.after_death)}",
                         "claim commits the lease before relay_once calls after_claim.")
-        ctx.evidence.faults.append(f"publisher A killed in after_claim (os._exit) — exit code {DIE_EXIT_CODE} "
-                                   f"observed; snack-1 left leased by A with token {s1[0]['fence']}")
+        ctx.evidence.faults.append(f"publisher A {KILLED_TEXT} in after_claim; snack-1 left leased by A with "
+                                   f"token {s1[0]['fence']}")
         return None
     problem = _problem(a1, "A", ctx.timeout)
     if problem is not None and problem.outcome is not Outcome.DIED:
         return problem
-    if a1 is not None and a1.exit_code == DIE_EXIT_CODE:
-        return Miss(f"publisher A ended with exit code {DIE_EXIT_CODE}, but after_claim never ran first",
-                    "Call after_claim(seq) for each claimed row.")
     return Miss(f"publisher A ended with exit code {None if a1 is None else a1.exit_code}"
                 + ("" if hooked else ": after_claim was never called"),
                 "Call after_claim(seq) for each claimed row, right after the claim committed and before send.")
@@ -355,7 +342,7 @@ def _paused_owner(ctx: StepContext, scene: Scene, a2: ChildRun | None, b: ChildR
         if problem is not None and problem.outcome is not Outcome.DIED:
             return problem
         return Miss("the judge never saw the restarted A stopped (no process of it in state T)",
-                    "Call after_claim(seq) right after the claim: that is where it stops itself.")
+                    "Call after_claim(seq) right after the claim: that is where the judge stops it.")
     if not s2 or s2[0]["owner"] != "A":
         return Miss(f"the restarted A did not claim snack-2 first (claims: {[(c['owner'], c['fence']) for c in s2]})",
                     "claim takes the first due rows in seq order: snack-1 was still leased by the dead A.")
@@ -374,7 +361,8 @@ def _paused_owner(ctx: StepContext, scene: Scene, a2: ChildRun | None, b: ChildR
     if s2[1]["t"] < s2[0]["lease_until"] - 0.005:
         return Miss(f"B claimed snack-2 at {s2[1]['t']:.3f}, before A's lease ended at {s2[0]['lease_until']:.3f}",
                     "A live lease is never taken.")
-    ctx.evidence.faults.append("the restarted A stopped with SIGSTOP in after_claim — state T observed in /proc; "
+    ctx.evidence.faults.append("the restarted A stopped by the judge (SIGSTOP from outside) in after_claim — state T "
+                               "observed in /proc; "
                                "SIGCONT only after B completed snack-2")
     return None
 
@@ -580,19 +568,25 @@ def _timeline(ctx: StepContext, scene: Scene) -> None:
         timeline.append({"t": run.started_at, "actor": actor, "kind": "start", "text": "process started"})
         for note in run.messages():
             if note.get("kind") == "claimed":
-                timeline.append({"t": note["t"], "actor": actor, "kind": "hook",
-                                 "text": f"after_claim({decode(note['seq'])}): holds token {note.get('fence')}"})
+                try:  # what a child wrote: anything at all
+                    seq = decode(note["seq"])
+                except Exception:  # noqa: BLE001
+                    seq = "?"
+                t = note.get("t")
+                t = t if isinstance(t, (int, float)) and run.started_at <= t <= run.ended_at else run.ended_at
+                timeline.append({"t": t, "actor": actor, "kind": "hook",
+                                 "text": f"after_claim({seq}): holds token {note.get('fence')}"})
         if label == "A #2" and scene.stopped_at is not None:
             timeline.append({"t": scene.stopped_at, "actor": actor, "kind": "stopped",
-                             "text": "SIGSTOP in after_claim (the judge saw state T)"})
+                             "text": "stopped by the judge in after_claim: SIGSTOP from outside (it saw state T)"})
         if label == "A #2" and scene.continued_at is not None:
             timeline.append({"t": scene.continued_at, "actor": actor, "kind": "continued",
                              "text": "SIGCONT from the judge"})
-        killed = label == "A #1" and run.exit_code == DIE_EXIT_CODE
+        killed = label in scene.killed
         rounds = _rounds(run)
         tail = f"; relay_once returned {rounds[-1]}" if rounds and isinstance(rounds[-1], dict) else ""
         timeline.append({"t": run.ended_at, "actor": actor, "kind": "killed" if killed else "exit",
-                         "text": f"exit code {run.exit_code}{tail}"})
+                         "text": KILLED_TEXT if killed else f"exit code {run.exit_code}{tail}"})
     claimed_at: dict[str, float] = {}
     for e in scene.entries:
         if e["state"] == "leased":

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import signal
 import sqlite3
 import time
 import urllib.error
@@ -445,8 +444,8 @@ class Publishing:
 def publisher(mod, args: dict) -> None:
     """One publisher process of the final check.
 
-    `mode`: "die" — after_claim runs os._exit(74); "pause" — after_claim stops this process
-    with SIGSTOP (the judge sends SIGCONT); "drain" — relay_once until the judge's `until` IDs
+    `mode`: "die" — after_claim reports the claim and waits, and the judge kills the sandbox; "pause" — after_claim reports and waits; the
+    judge SIGSTOPs the sandbox from outside, later SIGCONTs it and lets after_claim return; "drain" — relay_once until the judge's `until` IDs
     are sent or quarantined, at the `nows` the judge lists first, then at the real clock.
     """
     mode = args["mode"]
@@ -457,9 +456,9 @@ def publisher(mod, args: dict) -> None:
         probe.emit({"event": "note", "kind": "claimed", "seq": encode(seq), "id": event_id, "fence": fence,
                     "t": time.time()})
         if mode == "die":
-            os._exit(args["exit_code"])  # no finally, no close: the process really dies here
+            probe.hold()  # no finally, no close: the judge's SIGKILL of the sandbox ends the process here
         if mode == "pause":
-            os.kill(os.getpid(), signal.SIGSTOP)
+            probe.hold()  # the judge stops every process of this sandbox from outside, then lets it go on
 
     probe.started("relay")
     outcome, con = pub.open()

@@ -42,9 +42,9 @@ from labkit.judge.expect import (
     under,
     value_of,
 )
+from labkit.judge.hooks import KILLED_TEXT, run_to_hook
 from labkit.judge.run import LabSpec, StepContext, StepSpec
 from labkit.judge.verdict import Case, Outcome
-from labkit.limits import KILL_EXIT_CODE
 from labkit.servers.feed import Feed, start_feed
 from labkit.values import decode, encode, same, show
 
@@ -2059,15 +2059,19 @@ def check_crash(ctx: StepContext) -> list[Case]:
     # hangs, and a correct client on a machine at load 45 (3 s to start a sandboxed child) fits:
     # the client's read timeout and the feed's wait for a line or an ACK, and one client process.
     io_seconds, child_seconds = ctx.timeout / 2, 2 * ctx.timeout
-    args = {"db": str(db), "timeout": io_seconds, "guard": 2 * io_seconds, "exit_code": KILL_EXIT_CODE}
+    args = {"db": str(db), "timeout": io_seconds, "guard": 2 * io_seconds}
     feed = start_feed(events, io_timeout=io_seconds)
     second = None
     try:
         args.update(host=feed.host, port=feed.port)
-        first = ctx.child("crash_client", {**args, "kill": KILL}, timeout=child_seconds)
+        # On before_ack(KILL)'s report the judge kills client #1's whole sandbox, then reads the store.
+        first, hook = run_to_hook(ctx.solution, f"{ctx.lab.probes}:crash_client", {**args, "kill": KILL},
+                                  workdir=ctx.workdir, timeout=child_seconds, marker=ctx.marker(),
+                                  module_name=ctx.lab.module_name,
+                                  at_hook=lambda r: r.get("kind") == "before_ack" and r.get("seq") == encode(KILL))
         feed.wait_idle(2.0)
         after_kill, t_kill = snapshot(db), time.time()
-        died = died_after_commit(first, after_kill, feed.journal(), child_seconds)
+        died = died_after_commit(first, after_kill, feed.journal(), child_seconds, hook)
         if died.passed:  # only a real crash between commit and ACK has anything to recover from
             second = ctx.child("crash_client", {**args, "kill": None}, timeout=child_seconds)
             feed.wait_idle(2.0)
@@ -2081,7 +2085,7 @@ def check_crash(ctx: StepContext) -> list[Case]:
         Case(name, Outcome.NOT_REACHED, called, expected, NOT_REACHED_KILL, clauses=(clause,))
         for name, called, expected, clause in RECOVERY]
     recognised = all(c.passed for c in later[1:3])
-    _timeline_process(timeline, "client #1", first, KILL, child_seconds)
+    _timeline_process(timeline, "client #1", first, KILL, child_seconds, hook)
     if second is not None:
         _timeline_process(timeline, "client #2", second, None, child_seconds)
     _timeline_feed(timeline, journal, _conns_during(journal, first),
@@ -2092,7 +2096,7 @@ def check_crash(ctx: StepContext) -> list[Case]:
                          "text": "after client #2: " + shown(after_all)})
     timeline.sort(key=lambda e: e["t"])
     if died.passed:
-        ctx.evidence.faults.append(f"client #1 killed in before_ack at seq {KILL} — exit {KILL_EXIT_CODE} observed, "
+        ctx.evidence.faults.append(f"client #1 killed in before_ack at seq {KILL} — {KILLED_TEXT}, "
                                    f"seq {KILL} committed, no ACK {KILL} at the feed")
     if died.passed and recognised:
         ctx.evidence.faults.append(f"seq {KILL} delivered twice (committed by client #1, resent to client #2) — "
@@ -2101,24 +2105,25 @@ def check_crash(ctx: StepContext) -> list[Case]:
     return [died, *later]
 
 
-def died_after_commit(first, after_kill: dict | None, journal: list[dict], timeout: float) -> Case:
-    """Client #1 really died in before_ack(1): exit 73 (the judge's), seq 1 in the file (the
-    judge's read), and no ACK 1 at the feed (the feed's journal). Each claim observed, or it fails."""
+def died_after_commit(first, after_kill: dict | None, journal: list[dict], timeout: float,
+                      hook: dict | None = None) -> Case:
+    """Client #1 really died in before_ack(1): the judge killed its sandbox there (`hook`: the
+    report it acted on), seq 1 in the file (the judge's read), and no ACK 1 at the feed (the
+    feed's journal). Each claim observed, or it fails."""
     case = Case(f"client #1 dies in before_ack({KILL}), after commit {KILL} and before ACK {KILL}", Outcome.PASSED,
-                f"run_client(feed, new store, 3.0, before_ack=hook) where hook({KILL}) calls os._exit(73)",
-                f"exit code {KILL_EXIT_CODE}; seq {KILL} in the store; no ACK {KILL} at the feed",
+                f"run_client(feed, new store, 3.0, before_ack=hook) where the judge kills the process in hook({KILL})",
+                f"{KILLED_TEXT}; seq {KILL} in the store; no ACK {KILL} at the feed",
                 clauses=("final.dies-after-commit",))
-    hooked_at_kill = any(decode(n.get("seq", encode(None))) == KILL for n in first.messages()
-                         if n.get("kind") == "before_ack")
+    hooked_at_kill = hook is not None
     acked = [e for e in journal if e["kind"] == "ack" and e["seq"] == KILL and e["conn"] in _conns_during(journal, first)]
     seqs = [s for s, _ in after_kill["ledger"]] if after_kill else []
-    if first.exit_code != KILL_EXIT_CODE or not hooked_at_kill:
+    if not hooked_at_kill:
         miss = _process_problem(first, "Call before_ack(seq) after each commit, before the ACK; run_client "
                                        "passes before_ack on to consume_session.", timeout)
         case.outcome, case.got, case.hint = miss.outcome, miss.got, miss.hint
     elif KILL not in seqs or after_kill["last"] < KILL:
         case.outcome = Outcome.WRONG
-        case.got = (f"client #1 died in before_ack({KILL}) (exit {KILL_EXIT_CODE}), but the judge then read "
+        case.got = (f"client #1 was killed by the judge in before_ack({KILL}), but the judge then read "
                     f"{shown(after_kill)}: seq {KILL} was not committed")
         case.hint = ("before_ack(seq) runs after the COMMIT of that seq: call consume_line first, then "
                      "before_ack(seq), then write the ACK.")
@@ -2224,15 +2229,23 @@ def _killed_by_judge(run, timeout: float) -> bool:
     return run.timed_out and run.seconds >= timeout - 0.05
 
 
-def _timeline_process(timeline: list[dict], label: str, run, kill: int | None, timeout: float) -> None:
+def _timeline_process(timeline: list[dict], label: str, run, kill: int | None, timeout: float,
+                      hook: dict | None = None) -> None:
     timeline.append({"t": run.started_at, "actor": label, "kind": "start", "text": "process started"})
     for note in run.messages():
         if note.get("kind") == "before_ack":
-            seq = decode(note["seq"])
+            try:  # what a child wrote: anything at all
+                seq = decode(note["seq"])
+            except Exception:  # noqa: BLE001
+                seq = "?"
             text = f"before_ack({seq}) (as the process reported it)"
-            timeline.append({"t": note["t"], "actor": label, "kind": "hook", "text": text})
-    killed = kill is not None and run.exit_code == KILL_EXIT_CODE
-    timeline.append({"t": run.ended_at, "actor": label, "kind": "killed" if killed else "exit",
+            t = note.get("t")
+            t = t if isinstance(t, (int, float)) and run.started_at <= t <= run.ended_at else run.ended_at
+            timeline.append({"t": t, "actor": label, "kind": "hook", "text": text})
+    if kill is not None and hook is not None:
+        timeline.append({"t": run.ended_at, "actor": label, "kind": "killed", "text": KILLED_TEXT})
+        return
+    timeline.append({"t": run.ended_at, "actor": label, "kind": "exit",
                      "text": f"exit code {run.exit_code}" + (" (no answer in time: killed by the judge)"
                                                              if _killed_by_judge(run, timeout) else "")})
 
@@ -2276,7 +2289,7 @@ def ladder(events, died: Case, after_kill, j1, j2, after_all, restarted: bool) -
     if ack1:
         sent = f"yes: ACK {KILL} reached the feed from client #1 before it died"
     elif died.passed:
-        sent = f"no: client #1 exited with code {KILL_EXIT_CODE} in before_ack({KILL}) and no ACK {KILL} reached the feed"
+        sent = f"no: client #1 was {KILLED_TEXT} in before_ack({KILL}) and no ACK {KILL} reached the feed"
     else:
         sent = "not observed: client #1 did not die in before_ack"
     duplicate = bool(ack2) and after_all is not None and after_all["total"] == total and KILL in seqs1

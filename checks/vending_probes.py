@@ -570,13 +570,13 @@ def client_case(mod, case: dict, cleanup: list) -> tuple[dict, dict]:
 
 
 def crash_client(mod, args: dict) -> None:
-    """Run run_client once. With `kill`, before_ack(kill) ends the process at once."""
+    """Run run_client once. With `kill`, before_ack(kill) reports and waits; the judge kills the sandbox."""
     kill = args.get("kill")
 
     def before_ack(seq):
         probe.emit({"event": "note", "kind": "before_ack", "seq": encode(seq), "t": time.time()})
         if kill is not None and seq == kill:
-            os._exit(args["exit_code"])  # no finally, no close, no ACK: the process dies here
+            probe.hold()  # no finally, no close, no ACK: the judge's SIGKILL of the sandbox ends it here
 
     async def scenario():
         task, failed = await start(probe.function(mod, "run_client"), args["host"], args["port"],

@@ -117,7 +117,7 @@ def test_final_check_shows_both_publishers_the_warehouse_the_outbox_and_the_toke
     assert [e["t"] for e in timeline] == sorted(e["t"] for e in timeline)
     actors = {e["actor"] for e in timeline}
     assert {"publisher A #1", "publisher A #2", "publisher B", "warehouse", "outbox"} <= actors
-    assert any(e["kind"] == "killed" and "exit code 74" in e["text"] for e in timeline)
+    assert any(e["kind"] == "killed" and "killed by the judge at the hook (SIGKILL)" in e["text"] for e in timeline)
     assert any(e["kind"] == "stopped" and "state T" in e["text"] for e in timeline)
     assert any(e["kind"] == "duplicate" and "snack-2" in e["text"] for e in timeline)
     assert sum(1 for e in timeline if e["actor"] == "outbox" and "token" in e["text"]) >= 6
@@ -129,7 +129,7 @@ def test_final_check_shows_both_publishers_the_warehouse_the_outbox_and_the_toke
     assert ladder["snack-2: claimed by whom, with which token"].startswith("A with token 2, then B with token")
     assert "duplicate" in ladder["snack-2: sent, with which token"]
     assert ladder["delivered out of seq order"] != "none"
-    assert any("exit code 74 observed" in f for f in evidence.faults)
+    assert any("killed by the judge at the hook (SIGKILL)" in f for f in evidence.faults)
     assert any("state T observed" in f for f in evidence.faults)
 
 

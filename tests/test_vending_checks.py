@@ -145,13 +145,13 @@ def test_final_check_keeps_evidence(lab):
     assert [e["t"] for e in evidence.timeline] == sorted(e["t"] for e in evidence.timeline)
     actors = {e["actor"] for e in evidence.timeline}
     assert {"client #1", "client #2", "feed", "store"} <= actors
-    assert any(e["kind"] == "killed" and "exit code 73" in e["text"] for e in evidence.timeline)
+    assert any(e["kind"] == "killed" and "killed by the judge at the hook (SIGKILL)" in e["text"] for e in evidence.timeline)
     assert [r["rung"] for r in evidence.ladder] == ["committed", "ACK sent", "ACK seen by the feed", "resent",
                                                     "recognised as duplicate"]
     assert all(set(r) == {"rung", "observed", "when"} for r in evidence.ladder)
     assert evidence.ladder[0]["observed"].startswith("yes")
     assert evidence.ladder[1]["observed"].startswith("no")
-    assert any(f.startswith("client #1 killed in before_ack at seq ") and "exit 73 observed" in f
+    assert any(f.startswith("client #1 killed in before_ack at seq ") and "killed by the judge at the hook (SIGKILL)" in f
                for f in evidence.faults)
 
 

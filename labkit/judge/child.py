@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import selectors
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -148,6 +150,51 @@ def _send_request(proc: subprocess.Popen, request: bytes) -> None:
         pass
 
 
+def kill_sandbox(proc: subprocess.Popen, marker: str | None = None, grace: float = KILL_GRACE) -> None:
+    """Stop everything a judged child runs, from OUTSIDE, before the judge reads what it left.
+
+    The ONE place the judge acts on a child's sandbox as a whole: every process of the box
+    (its cgroup: `setsid`, cleared environment or not) is first stopped (SIGSTOP: so none sees
+    another die and writes one more row), then SIGKILLed (`Box.kill`), and the wait is bounded
+    until nothing of it runs. Neither signal can be caught, ignored or delayed by the student's
+    code; no atexit or handler runs. Without a sandbox (`NullBox`: no `_box`, or an inactive
+    one) the child's process group and everything carrying `marker` get the same treatment.
+    Safe to call on a child that has already ended, and twice.
+    """
+    deadline = time.monotonic() + grace
+    box = getattr(proc, "_box", None)
+    boxed = box is not None and getattr(box, "active", False) and callable(getattr(box, "kill", None))
+    if boxed:
+        from labkit.judge import freeze
+
+        freeze.stop_all(lambda: freeze.box_pids(proc), deadline=min(deadline, time.monotonic() + 0.5))
+        box.kill()
+    else:
+        with _suppress_lookup():
+            os.killpg(proc.pid, signal.SIGSTOP)
+        reaper.kill_group(proc.pid)
+        if marker:
+            reaper.kill_marked(marker, grace=max(0.0, deadline - time.monotonic()))
+    try:
+        proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        pass
+    if boxed:
+        from labkit.judge import freeze
+
+        while freeze.box_pids(proc) and time.monotonic() < deadline:
+            box.kill()
+            time.sleep(0.01)
+
+
+class _suppress_lookup:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind, exc, tb) -> bool:
+        return kind is not None and issubclass(kind, (ProcessLookupError, PermissionError))
+
+
 def _kill(proc: subprocess.Popen, marker: str) -> None:
     """End the child's whole group and anything marked that escaped it; reap the child."""
     reaper.kill_group(proc.pid)
@@ -263,18 +310,70 @@ def _collect(fd: int, proc: subprocess.Popen, deadline: float) -> bytes:
     return b"".join(chunks)
 
 
+MAX_RECORD_DEPTH = 64  # a report nested deeper than this is refused before json.loads sees it
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+_BRACKETS = re.compile(rb"[\[\]{}]")
+
+
+def _too_deep(line: bytes, limit: int = MAX_RECORD_DEPTH) -> bool:
+    """Whether `line` nests arrays/objects deeper than `limit` (a loop, never recursion).
+
+    Brackets inside JSON strings do not count; an unbalanced line is left to json.loads."""
+    if line.count(b"[") + line.count(b"{") <= limit:
+        return False
+    depth = 0
+    for bracket in _BRACKETS.findall(_STRING.sub(b"", line)):
+        depth += 1 if bracket in b"[{" else -1
+        if depth > limit:
+            return True
+    return False
+
+
+def _malformed(why: str) -> dict:
+    """The record put in place of one the judge refused: the child's report is its own failure."""
+    return {"event": "aborted", "malformed": True,
+            "error": {"kind": "raised", "type": "MalformedReport", "module": "labkit.judge.child",
+                      "mro": ["MalformedReport"], "bases": [],
+                      "message": f"the judge dropped a report this process wrote on its result pipe: {why}",
+                      "trace": ""}}
+
+
 def _parse(data: bytes) -> list[dict]:
+    """The child's records, one JSON object per line: bounded in size and depth, never raising.
+
+    A complete line the judge cannot read (too deep, too large, not JSON, anything else) is
+    dropped and replaced by a `_malformed` record, so the child's verdict says so; the
+    unterminated tail of a killed child (a torn last line) is dropped silently, unless the
+    result pipe was cut at `MAX_RESULT_BYTES` (then that is said too)."""
     records = []
-    for line in data.split(b"\n"):
+    lines = data.split(b"\n")
+    tail = lines.pop()
+    if tail.strip() and len(data) >= MAX_RESULT_BYTES:
+        records_tail = [_malformed(f"more than {MAX_RESULT_BYTES} bytes of reports")]
+    else:
+        records_tail = []
+    for line in lines:
         if not line.strip():
             continue
+        if len(line) > MAX_RESULT_BYTES:
+            records.append(_malformed(f"a record of more than {MAX_RESULT_BYTES} bytes"))
+            continue
         try:
+            if _too_deep(line):
+                records.append(_malformed(f"a record nested deeper than {MAX_RECORD_DEPTH} levels"))
+                continue
             record = json.loads(line)
-        except ValueError:
-            continue  # a torn last line from a killed child
+        except (ValueError, RecursionError, MemoryError) as exc:
+            records.append(_malformed(f"a record that is not valid JSON ({type(exc).__name__})"))
+            continue
+        except Exception as exc:  # noqa: BLE001 - whatever the bytes were, the judge goes on
+            records.append(_malformed(f"an unreadable record ({type(exc).__name__})"))
+            continue
         if isinstance(record, dict):
             records.append(record)
-    return records
+        else:
+            records.append(_malformed(f"a record that is not a JSON object ({type(record).__name__})"))
+    return records + records_tail
 
 
 # --- a child that stays up and answers calls one at a time ---------------------------------
@@ -306,6 +405,7 @@ class ChildSession:
         self._request_fd = request_fd
         self._io_dir = io_dir
         self._buffer = b""
+        self._pending: list[dict] = []  # parsed, not yet looked at (see `_wait_for`)
         self._started = time.monotonic()
         self._closed = False
         os.set_blocking(result_fd, False)
@@ -382,8 +482,12 @@ class ChildSession:
         with selectors.DefaultSelector() as sel:
             sel.register(self._result_fd, selectors.EVENT_READ)
             while True:
-                for record in self._records():
+                # Records read together with the wanted one stay for the next wait (a child that
+                # reports on without waiting for a request sends several in one chunk).
+                records, self._pending = self._pending + self._records(), []
+                for i, record in enumerate(records):
                     if wanted(record):
+                        self._pending = records[i + 1:]
                         return record
                     self.run.records.append(record)
                 remaining = deadline - time.monotonic()
@@ -406,7 +510,7 @@ class ChildSession:
 
     def _records(self) -> list[dict]:
         *lines, self._buffer = self._buffer.split(b"\n")
-        return _parse(b"\n".join(lines))
+        return _parse(b"".join(line + b"\n" for line in lines))  # complete lines only
 
     def _end(self, timeout: float) -> dict:
         """The child did not answer: say how it ended (killing it if it still runs)."""
