@@ -39,6 +39,7 @@ from labkit.grading.submissions import (
     find,
     identify,
     one_per_lab,
+    page_name,
     read_capped,
     read_notebook,
     slug,
@@ -388,7 +389,7 @@ def test_feedback_pages_show_verdicts_and_the_executed_notebook_without_scripts(
     for entry in graded["entries"]:
         if entry.status == "skipped":
             continue
-        name = entry.lab if entry.status != "malformed" else Path(entry.filename).stem
+        name = page_name(entry.lab if entry.status != "malformed" else None, Path(entry.filename).name)
         page = (out / "feedback" / slug(entry.student) / f"{name}.html").read_text()
         assert page.startswith("<!DOCTYPE html>")
         assert "<script>alert" not in page
@@ -540,7 +541,7 @@ def test_a_batch_of_broken_files_completes_with_exit_0(tmp_path):
     rows = json.loads((out / "grades.json").read_text())
     assert [(r["student"], r["status"], r["total"]) for r in rows] == [(s, "malformed", 0) for s in "abcde"]
     assert all(r["message"] for r in rows) and "does not know" in rows[-1]["message"]
-    assert all((out / "feedback" / s / "lab.html").exists() for s in "abcde")
+    assert all((out / "feedback" / s / "file-lab.ipynb.html").exists() for s in "abcde")
 
 
 def test_one_notebook_per_student_and_lab_the_one_named_like_the_release(tmp_path):

@@ -1,7 +1,7 @@
 """A student's quiz answers: read from the submitted folder, scored against the answer key.
 
 The answers file (`work/quiz-<lab>.json`, written by the quiz widget in the student's own
-JupyterLab) is the student's data: which option they chose, first and last. Whether a choice
+JupyterLab; read bounded, `bounded.side_file`) is the student's data: which option they chose, first and last. Whether a choice
 is right is never taken from it — a file that says `"correct": true` proves nothing — but
 recomputed from the lab's questions (`labkit.notebook.quiz.load`). Unknown questions and
 choices that name no option are dropped.
@@ -9,25 +9,28 @@ choices that name no option are dropped.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from labkit.grading.settings import MAX_QUIZ_BYTES
-from labkit.grading.submissions import read_capped
+from labkit.grading import bounded
 
 LETTERS = "abcdefgh"
 
 
 def read(notebook: Path, lab: str) -> dict | None:
-    """`work/quiz-<lab>.json` beside the notebook: a regular file, no link, capped; else None."""
-    folder = notebook.parent / "work"
-    try:
-        if folder.is_symlink() or not folder.is_dir():
-            return None
-        data = json.loads(read_capped(folder / f"quiz-{lab}.json", MAX_QUIZ_BYTES).decode("utf-8"))
-    except (OSError, ValueError, UnicodeDecodeError):
+    """`work/quiz-<lab>.json` beside the notebook, or None when there is none (no file, or a link).
+
+    Read bounded (`bounded.side_file`): a file that is there but is not bounded JSON holding an
+    object whose `answers` (if any) is an object raises `bounded.Refused`, naming the file; the
+    batch makes that the student's `malformed` row. Inside `answers`, what is not an answer is
+    dropped by `score`."""
+    name = f"quiz-{lab}.json"
+    data = bounded.side_file(notebook, name)
+    if data is None:
         return None
-    return data if isinstance(data, dict) else None
+    if not isinstance(data, dict) or not isinstance(data.get("answers", {}), dict):
+        raise bounded.Refused(f"work/{name} is not the quiz's answers: it is not an object with an "
+                              "`answers` object.")
+    return data
 
 
 def _choice(value, options: int) -> int | None:

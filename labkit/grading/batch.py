@@ -22,7 +22,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from labkit import labs, sandbox
-from labkit.grading import gradebook, manifest, record, reveals, submissions, sweep
+from labkit.grading import (
+    answers,
+    bounded,
+    gradebook,
+    manifest,
+    record,
+    reveals,
+    submissions,
+    sweep,
+)
 from labkit.grading.settings import (
     CRASHED,
     EXECUTED,
@@ -105,9 +114,30 @@ def batch_seed(out: Path, seed: int | None) -> int:
 
 def _shown(path: Path) -> str:
     try:
-        return str(path.relative_to(Path.cwd()))
+        shown = str(path.relative_to(Path.cwd()))
     except ValueError:
-        return str(path)
+        shown = str(path)
+    return submissions.shown_name(shown)  # a path that is not UTF-8 is listed, never graded
+
+
+def examine_contained(sub: submissions.Submission, known: dict, lab_names: list[str]) -> None:
+    """Read and examine one submission — its notebook, the reveals in it and in
+    `work/revealed-<lab>.json`, and `work/quiz-<lab>.json` — so that nothing its files hold
+    reaches the batch: every failure, of any kind, is this submission's `problem` (its row is
+    `malformed`, with the reason), and no one else's row is touched.
+
+    Deep input never reaches a recursive parser (`bounded`: the nesting is counted by a linear
+    scan before json.loads); this `try` is the second wall, for whatever else a file could
+    make the grader's own code raise (RecursionError and MemoryError included)."""
+    try:
+        nb = submissions.examine(sub, known, lab_names)
+        if nb is not None and sub.lab:
+            sub.revealed = reveals.read(sub.path, sub.lab, nb, [str(s.step) for s in labs.load(sub.lab).steps])
+            answers.read(sub.path, sub.lab)  # the worker reads it again; a damaged file is refused here
+    except bounded.Refused as exc:
+        sub.problem, sub.revealed = str(exc), []
+    except Exception as exc:
+        sub.problem, sub.revealed = f"The grader could not read this submission ({bounded.describe(exc)}).", []
 
 
 def make_job(sub: submissions.Submission, batch: Batch, known: dict) -> dict:
@@ -117,6 +147,12 @@ def make_job(sub: submissions.Submission, batch: Batch, known: dict) -> dict:
             "release": str(release.path) if release else None, "seed": batch.seed,
             "out": str(batch.out), "problem": sub.problem, "sandbox": batch.sandbox_label,
             "submitted_at": sub.submitted_at, "revealed": list(sub.revealed) if sub.lab else None}
+
+
+def gradable(job: dict) -> bool:
+    """A job for a worker: its lab is known and nothing in its files was refused. (A lab's notebook
+    whose side files were refused keeps its lab: its malformed row stands under that lab.)"""
+    return bool(job["lab"]) and not job["problem"]
 
 
 def already_graded(job: dict, batch: Batch, explicit_seed: int | None) -> bool:
@@ -327,9 +363,7 @@ def _run_locked(found, skipped, batch: Batch, seed: int | None) -> int:
 
         forkserver.ensure_running()
     for sub in found:
-        nb = submissions.examine(sub, known, lab_names)
-        if nb is not None and sub.lab:
-            sub.revealed = reveals.read(sub.path, sub.lab, nb, [str(s.step) for s in labs.load(sub.lab).steps])
+        examine_contained(sub, known, lab_names)
     chosen = submissions.one_per_lab(found, known)
     batch.seed = batch_seed(out, seed)
     all_jobs = [make_job(sub, batch, known) for sub in chosen]
@@ -338,7 +372,7 @@ def _run_locked(found, skipped, batch: Batch, seed: int | None) -> int:
     record.skipped_rows(out, [item for item in skipped if batch.shard.holds(item.student)], batch.sandbox_label)
     todo = [job for job in mine if not already_graded(job, batch, seed)]
     done = len(mine) - len(todo)
-    todo.sort(key=lambda j: (j["lab"] is not None, j["key"]))  # malformed files take no time
+    todo.sort(key=lambda j: (gradable(j), j["key"]))  # malformed files take no time
     shard_note = "" if batch.shard == WHOLE else f" (shard {batch.shard}: {len(mine)} of {len(all_jobs)})"
     print(safe(f"grading {len(todo)} notebook(s){shard_note} with {batch.jobs} job(s), seed {batch.seed}, "
                f"sandbox: {batch.sandbox_label}"
@@ -351,7 +385,7 @@ def _run_locked(found, skipped, batch: Batch, seed: int | None) -> int:
         while queue or active:
             while queue and len(active) < batch.jobs:
                 job = queue.pop(0)
-                if job["lab"]:
+                if gradable(job):
                     active.append(start_worker(ctx, job, batch, free.pop(0)))
                 else:
                     progress.update(record.malformed({**job, "marker": None}, job["problem"])["row"])

@@ -21,7 +21,7 @@ from pathlib import Path
 from labkit.grading import gradebook, manifest, record, report
 from labkit.grading.settings import EXECUTED
 from labkit.grading.shards import Shard
-from labkit.grading.submissions import read_capped, slug
+from labkit.grading.submissions import page_name, read_capped, slug
 from labkit.grading.terminal import safe, safe_lines
 
 # A feedback page or executed notebook larger than this is not copied (the grader caps both
@@ -163,7 +163,7 @@ def write(shards: list[ShardDir], found: Outcome, out: Path) -> None:
     for key, (shard, raw, data) in found.merged.items():
         gradebook.write_atomic(gradebook.result_path(out, key), raw)
         row = data["row"]
-        name = row["lab"] or slug(Path(row.get("notebook", "")).stem)
+        name = page_name(row["lab"], Path(row.get("notebook", "")).name)
         _copy(record.page_path(shard.path, row["student"], name), record.page_path(out, row["student"], name))
         if row["lab"]:
             executed = Path(EXECUTED) / slug(row["student"]) / f"{row['lab']}.ipynb"

@@ -22,11 +22,14 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 TIMESTAMP_FILE = "timestamp.txt"
 MAX_TIMESTAMP_BYTES = 1024
+MAX_TIMESTAMP_CHARS = 100
+ZONE_NAME = re.compile(r"[A-Za-z0-9_+-]{1,40}(?:/[A-Za-z0-9_+-]{1,40}){0,2}")
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,8 @@ def parse_utc(text: str) -> dt.datetime | None:
     import dateutil.parser
     import dateutil.tz
 
+    if len(text) > MAX_TIMESTAMP_CHARS or not text.isprintable():
+        return None  # nbgrader writes about 30 characters on one line
     try:
         parts = text.split(" ")
         if len(parts) == 3:
@@ -52,14 +57,16 @@ def parse_utc(text: str) -> dt.datetime | None:
             try:
                 tz = int(zone)
             except ValueError:
-                tz = dateutil.tz.gettz(zone)
+                # gettz opens a file by that name: only a zone's name ("UTC", "Europe/Paris"),
+                # never a path of the student's choosing ("/proc/...", "../../...").
+                tz = dateutil.tz.gettz(zone) if ZONE_NAME.fullmatch(zone) else None
             when = dateutil.parser.parse(" ".join(parts[:2] + ["TZ"]), tzinfos={"TZ": tz})
         else:
             when = dateutil.parser.parse(text)
-    except (ValueError, OverflowError, TypeError):
+        if when.tzinfo is not None:
+            when = (when - when.utcoffset()).replace(tzinfo=None)
+    except Exception:  # dateutil raises more than ValueError on what a student can write
         return None
-    if when.tzinfo is not None:
-        when = (when - when.utcoffset()).replace(tzinfo=None)
     return when
 
 
@@ -122,8 +129,12 @@ def choose(top: Path) -> Inbound:
 
 
 def submitted_at(notebook: Path, top: Path) -> str | None:
-    """The `timestamp.txt` nearest above a notebook (inside `top`), as ISO UTC; None if none."""
-    from labkit.grading.submissions import read_capped  # (submissions imports this module)
+    """The `timestamp.txt` nearest above a notebook (inside `top`), as ISO UTC; None if none.
+
+    The student's bytes: read capped (1 KB), UTF-8, at most 100 printable characters, parsed
+    by `parse_utc`, which never raises. One that cannot be read is no timestamp (the row has
+    no `submitted_at`), as for a submission nbgrader did not stamp; the grade does not change."""
+    from labkit.grading.bounded import read_capped
 
     folder = notebook.parent
     while folder != top and top in folder.parents:
@@ -131,7 +142,7 @@ def submitted_at(notebook: Path, top: Path) -> str | None:
         if os.path.lexists(stamp):
             try:
                 text = read_capped(stamp, MAX_TIMESTAMP_BYTES).decode("utf-8").strip()
-            except (OSError, UnicodeDecodeError):
+            except (OSError, UnicodeDecodeError):  # no timestamp, as nbgrader has none: not a fault
                 return None
             when = parse_utc(text) if text else None
             return iso(when) if when is not None else None

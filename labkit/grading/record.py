@@ -14,7 +14,7 @@ from pathlib import Path
 from labkit import labs
 from labkit.grading import feedback, gradebook
 from labkit.grading.settings import FEEDBACK, MALFORMED, SKIPPED
-from labkit.grading.submissions import Skipped, slug
+from labkit.grading.submissions import Skipped, page_name, slug
 from labkit.judge.verdict import LabVerdict, from_json
 
 
@@ -44,7 +44,7 @@ def finish(job: dict, *, status: str, message: str, flags: list[str], verdict: L
                              seed=job.get("seed") if lab else None, seconds=seconds, message=message,
                              quiz=quiz, sandbox=job.get("sandbox", ""), submitted_at=job.get("submitted_at"),
                              revealed=job.get("revealed") if lab else None)
-    name = lab or slug(Path(job["path"]).stem)
+    name = page_name(lab, Path(job["path"]).name)
     gradebook.write_atomic(page_path(out, job["student"], name),
                            feedback.page(row, verdict, nb, notes or []))
     result = {"row": row, "sha256": job.get("sha256", ""), "seed": job.get("seed"),

@@ -10,16 +10,14 @@ file name — or, when a student's copy lost its metadata, from the released cel
 
 from __future__ import annotations
 
-import errno
 import hashlib
-import json
 import os
-import re
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from labkit.grading import nbgrader_layout
+from labkit.grading import bounded, nbgrader_layout
+from labkit.grading.bounded import read_capped  # noqa: F401  (imported from here by others)
 from labkit.grading.restore import grade_id
 from labkit.grading.settings import MAX_NOTEBOOK_BYTES
 
@@ -42,21 +40,59 @@ class Submission:
 
     @property
     def key(self) -> str:
-        """Names this submission's result file: one per student and lab."""
-        what = self.lab if self.lab else f"file-{self.path.name}"
-        return f"{slug(self.student)}--{slug(what)}"
+        """Names this submission's result file: one per student and lab.
+
+        `{slug(student)}--{page name}`: a student's slug never holds `--` nor ends in `-`, so
+        the first `--` is where it ends, and two different (student, lab) pairs never share a key."""
+        return f"{slug(self.student)}--{self.page_name}"
 
     @property
     def page_name(self) -> str:
-        return self.lab or slug(self.path.stem)
+        return page_name(self.lab, self.path.name)
 
 
-def slug(text: str) -> str:
-    """A safe file-name part; a hash keeps distinct names distinct after cleaning."""
-    clean = re.sub(r"[^A-Za-z0-9._-]", "_", text).strip(".") or "_"
-    if clean == text:
-        return text
-    return f"{clean[:60]}-{hashlib.sha256(text.encode()).hexdigest()[:8]}"
+# A slug is at most this long (bytes): a student's folder in feedback/ and executed/, and a key
+# (two slugs and `--`), plus `.verdict` and write_atomic's `.NAME.XXXXXXXX.tmp`, stay well
+# under the 255 bytes a file name may have.
+SLUG_LIMIT = 100
+_KEEP = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
+
+
+def slug(text: str, limit: int = SLUG_LIMIT) -> str:
+    """A file-name part for `text`, and a different one for every different text (injective).
+
+    Each UTF-8 byte outside `A-Za-z0-9._-` is written `%XX` (`%` itself too), and so are a
+    leading `.` (no hidden files, no `.` or `..`), a `-` followed by another `-` and a final
+    `-` (so `--` never appears: `Submission.key` splits there). That is reversible. Past
+    `limit`, the text is cut and the SHA-256 of the whole name follows a `~` (which the
+    escaping never writes): `abc…~<64 hex>`. Names that differ only in Unicode normalisation
+    (NFC, NFD) are different bytes, so different slugs; the empty name is `~`.
+    """
+    raw = text.encode("utf-8", "surrogatepass")  # one-to-one for every str, lone surrogates too
+    parts = []
+    for i, byte in enumerate(raw):
+        if byte in _KEEP and not (i == 0 and byte == 0x2E) \
+                and not (byte == 0x2D and (i + 1 == len(raw) or raw[i + 1] == 0x2D)):
+            parts.append(chr(byte))
+        else:
+            parts.append(f"%{byte:02X}")
+    if not parts:
+        return "~"
+    if sum(map(len, parts)) <= limit:
+        return "".join(parts)
+    head, size = [], 0
+    for part in parts:  # cut between escapes, never inside one
+        if size + len(part) > limit - 65:
+            break
+        head.append(part)
+        size += len(part)
+    return "".join(head) + "~" + hashlib.sha256(raw).hexdigest()
+
+
+def page_name(lab: str | None, filename: str) -> str:
+    """A feedback page's name (without `.html`): the lab's, or for a file that is not graded as a
+    lab, `file-` and the file's slug (no lab's name starts with `file-`, so the two never meet)."""
+    return slug(lab) if lab else f"file-{slug(filename)}"
 
 
 @dataclass
@@ -69,35 +105,6 @@ class Skipped:
 
 
 CHECKPOINTS = ".ipynb_checkpoints"
-
-
-def read_capped(path: Path, limit: int) -> bytes:
-    """A regular file's bytes, never following a link, never blocking, never past `limit`.
-
-    Raises OSError (with a reason a student understands) for a link, a FIFO, a device, a
-    folder, or a file larger than `limit` (checked before reading, and again while reading).
-    """
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise OSError(exc.errno, "it is a symbolic link; links are never followed") from None
-        raise
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise OSError(errno.EINVAL, "it is not a regular file")
-        if info.st_size > limit:
-            raise OSError(errno.EFBIG, f"it is larger than {limit:,} bytes")
-        chunks, size = [], 0
-        while chunk := os.read(fd, min(1 << 20, limit + 1 - size)):
-            chunks.append(chunk)
-            size += len(chunk)
-            if size > limit:
-                raise OSError(errno.EFBIG, f"it is larger than {limit:,} bytes")
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
 
 
 def _why_not(path: Path, info: os.stat_result) -> str | None:
@@ -166,7 +173,35 @@ def find(paths: list[Path], exclude: Path | None = None) -> tuple[list[Submissio
             if sub is not None:
                 sub.submitted_at = nbgrader_layout.submitted_at(nb_path, top)
                 subs.append(sub)
-    return _one_per_path(subs), skipped
+    return _one_per_path(_text_names(subs, skipped)), skipped
+
+
+def _is_text(name: str) -> bool:
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:  # bytes the file system name holds that are not UTF-8
+        return False
+    return True
+
+
+def shown_name(name: str) -> str:
+    """A name as the gradebook can write it: bytes that are not UTF-8 shown as `\\xff`."""
+    return name if _is_text(name) else os.fsencode(name).decode("utf-8", "backslashreplace")
+
+
+def _text_names(subs: list[Submission], skipped: list[Skipped]) -> list[Submission]:
+    """A notebook whose student or path is not UTF-8 text is listed, not graded: the gradebook,
+    the records and the pages are UTF-8, and a name shown another way could be a neighbour's."""
+    for item in skipped:
+        item.student = shown_name(item.student)
+    kept = []
+    for sub in subs:
+        if _is_text(sub.student) and _is_text(str(sub.path)):
+            kept.append(sub)
+        else:
+            skipped.append(Skipped(shown_name(sub.student), sub.path, "its folder or file name is not UTF-8 "
+                                   "text; rename it (the gradebook names every student in UTF-8)"))
+    return kept
 
 
 def _candidate(nb_path: Path, student: str, skipped: list[Skipped]) -> Submission | None:
@@ -220,41 +255,139 @@ def _one_per_path(subs: list[Submission]) -> list[Submission]:
     return list(unique.values())
 
 
+# Counts a notebook may hold (bounded.NOTEBOOK caps its size, depth and strings).
+MAX_CELLS = 10_000
+MAX_OUTPUTS = 100_000  # in all its cells
+CELL_TYPES = ("code", "markdown", "raw")
+OUTPUT_TYPES = ("stream", "display_data", "execute_result", "error")
+# Notebook and cell metadata that nbclient and nbconvert read, and the type they need.
+NB_META = {"kernelspec": dict, "language_info": dict, "labkit": dict, "widgets": dict}
+CELL_META = {"tags": list, "jupyter": dict, "raw_mimetype": str, "format": str, "nbgrader": dict,
+             "labkit": dict, "attachments": dict}
+
+
 def read_notebook(data: bytes) -> dict:
-    """The notebook as plain JSON data, checked and normalised (no nbformat import: it is slow)."""
+    """The notebook as plain JSON data, checked and normalised (no nbformat import: it is slow).
+
+    Bounded (`bounded.NOTEBOOK`: size, depth, counts) before json.loads sees it; then every
+    part the grader, nbclient or nbconvert walks is checked for its shape, and the multi-line
+    strings are joined as nbformat.reads joins them. Anything else raises NotANotebook."""
     try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError:
-        raise NotANotebook("The file is not a notebook: it is not text (not UTF-8).") from None
-    try:
-        raw = json.loads(text)
-    except ValueError as exc:
-        where = f" (line {exc.lineno}, column {exc.colno}: {exc.msg})" if hasattr(exc, "lineno") else ""
-        hint = " It is empty." if not text.strip() else ""
-        raise NotANotebook(f"The file is not a notebook: it is not valid JSON{where}.{hint}") from None
-    if not isinstance(raw, dict) or not isinstance(raw.get("cells"), list) or not isinstance(raw.get("nbformat"), int):
+        raw = bounded.loads(data, bounded.NOTEBOOK)
+    except bounded.Refused as exc:
+        raise NotANotebook(f"The file is not a notebook: {exc}.") from None
+    if not isinstance(raw, dict) or not isinstance(raw.get("cells"), list) or not _is_int(raw.get("nbformat")):
         raise NotANotebook("The file is JSON but not a notebook: it has no `cells` list and `nbformat` version.")
     if raw["nbformat"] < 4:
         raise NotANotebook(f"The notebook uses the old format version {raw['nbformat']}; save it again "
                            "with a current Jupyter (format 4).")
     try:
-        nb = raw
-        for cell in nb["cells"]:
-            if not isinstance(cell, dict) or cell.get("cell_type") not in ("code", "markdown", "raw"):
-                raise ValueError("a cell without a known cell_type")
-            source = cell.get("source", "")
-            cell["source"] = "".join(source) if isinstance(source, list) else str(source)
-            if not isinstance(cell.get("metadata"), dict):
-                cell["metadata"] = {}
-            if cell["cell_type"] == "code":
-                if not isinstance(cell.get("outputs"), list):
-                    cell["outputs"] = []
-                cell.setdefault("execution_count", None)
-        if not isinstance(nb.get("metadata"), dict):
-            nb["metadata"] = {}
-    except (ValueError, TypeError, AttributeError) as exc:
+        _normalise(raw)
+    except _Damaged as exc:
         raise NotANotebook(f"The notebook's cells are damaged ({exc}).") from None
-    return nb
+    return raw
+
+
+class _Damaged(Exception):
+    pass
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _text(value, what: str) -> str:
+    """A multi-line string (a string, or a list of strings) as one string."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(isinstance(line, str) for line in value):
+        return "".join(value)
+    raise _Damaged(f"{what} is not text")
+
+
+def _mapping(owner: dict, key: str, what: str) -> dict:
+    """owner[key] as a dict: missing or null becomes {}, anything else that is not one is damage."""
+    value = owner.get(key)
+    if value is None:
+        value = owner[key] = {}
+    if not isinstance(value, dict):
+        raise _Damaged(f"{what} is not a mapping")
+    return value
+
+
+def _normalise(nb: dict) -> None:
+    if "nbformat_minor" in nb and not _is_int(nb["nbformat_minor"]):
+        raise _Damaged("nbformat_minor is not a number")
+    meta = _mapping(nb, "metadata", "the notebook's metadata")
+    for key, kind in NB_META.items():
+        if key in meta and not isinstance(meta[key], kind):
+            raise _Damaged(f"metadata.{key} is not a {kind.__name__}")
+    lab = meta.get("labkit", {}).get("lab")
+    if lab is not None and not isinstance(lab, str):
+        raise _Damaged("metadata.labkit.lab is not a name")
+    cells = nb["cells"]
+    if len(cells) > MAX_CELLS:
+        raise _Damaged(f"{len(cells):,} cells; the grader reads at most {MAX_CELLS:,}")
+    outputs_seen = 0
+    for index, cell in enumerate(cells):
+        where = f"cell {index}"
+        if not isinstance(cell, dict) or cell.get("cell_type") not in CELL_TYPES:
+            raise _Damaged(f"{where} has no known cell_type")
+        cell["source"] = _text(cell.get("source", ""), f"{where}'s source")
+        if "id" in cell and not isinstance(cell["id"], str):
+            raise _Damaged(f"{where}'s id is not text")
+        cell_meta = _mapping(cell, "metadata", f"{where}'s metadata")
+        for key, kind in CELL_META.items():
+            if key in cell_meta and not isinstance(cell_meta[key], kind):
+                raise _Damaged(f"{where}'s metadata.{key} is not a {kind.__name__}")
+        if not all(isinstance(tag, str) for tag in cell_meta.get("tags", [])):
+            raise _Damaged(f"{where}'s tags are not text")
+        if "attachments" in cell and not isinstance(cell["attachments"], dict):
+            raise _Damaged(f"{where}'s attachments are not a mapping")
+        for name, bundle in (cell.get("attachments") or {}).items():
+            _bundle(bundle, f"{where}'s attachment {bounded.printable(name, 40)!r}")
+        if cell["cell_type"] != "code":
+            continue
+        if not _is_int(cell.get("execution_count")):
+            cell["execution_count"] = None
+        outputs = cell.setdefault("outputs", [])
+        if not isinstance(outputs, list):
+            raise _Damaged(f"{where}'s outputs are not a list")
+        outputs_seen += len(outputs)
+        if outputs_seen > MAX_OUTPUTS:
+            raise _Damaged(f"over {MAX_OUTPUTS:,} outputs; the grader reads at most that many")
+        for number, output in enumerate(outputs):
+            _output(output, f"{where}'s output {number}")
+
+
+def _bundle(data, what: str) -> None:
+    """A MIME bundle: text values joined; JSON ones (`application/json`, `…+json`) left as they are."""
+    if not isinstance(data, dict):
+        raise _Damaged(f"{what} is not a mapping")
+    for mime, value in data.items():
+        if not mime.endswith("json"):
+            data[mime] = _text(value, f"{what} ({bounded.printable(mime, 40)})")
+
+
+def _output(output, what: str) -> None:
+    if not isinstance(output, dict) or output.get("output_type") not in OUTPUT_TYPES:
+        raise _Damaged(f"{what} has no known output_type")
+    _mapping(output, "metadata", f"{what}'s metadata")
+    kind = output["output_type"]
+    if kind == "stream":
+        if not isinstance(output.get("name", ""), str):
+            raise _Damaged(f"{what}'s stream name is not text")
+        output["text"] = _text(output.get("text", ""), f"{what}'s text")
+    elif kind == "error":
+        if not isinstance(output.get("ename", ""), str) or not isinstance(output.get("evalue", ""), str):
+            raise _Damaged(f"{what}'s error name or value is not text")
+        trace = output.setdefault("traceback", [])
+        if not isinstance(trace, list) or not all(isinstance(line, str) for line in trace):
+            raise _Damaged(f"{what}'s traceback is not a list of lines")
+    else:
+        _bundle(_mapping(output, "data", f"{what}'s data"), f"{what}'s data")
+        if kind == "execute_result" and not _is_int(output.get("execution_count")):
+            output["execution_count"] = None
 
 
 @dataclass
@@ -314,7 +447,7 @@ def examine(sub: Submission, known: dict[str, Release], labs: list[str]) -> dict
                        "and none of a lab's cells. Submit the lab notebook you worked in.")
         return None
     if lab not in labs:
-        sub.problem = f"The notebook names the lab {lab!r}, which the grader does not know."
+        sub.problem = f"The notebook names the lab {bounded.printable(repr(lab), 80)}, which the grader does not know."
         return None
     sub.lab = lab
     return nb
@@ -332,9 +465,17 @@ def one_per_lab(subs: list[Submission], known: dict[str, Release]) -> list[Submi
             chosen.append(group[0])
             continue
         release = known.get(group[0].lab or "")
-        group.sort(key=lambda s: (s.submitted_at or "", release is not None and s.path.name == release.path.name,
-                                  s.path.lstat().st_mtime, s.path.name), reverse=True)
+        group.sort(key=lambda s: (not s.problem, s.submitted_at or "",
+                                  release is not None and s.path.name == release.path.name,
+                                  _mtime(s.path), s.path.name), reverse=True)
         winner = group[0]
         winner.flags += [f"ignored:{other.path.name}" for other in group[1:]]
         chosen.append(winner)
     return chosen
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.lstat().st_mtime
+    except OSError:  # gone since it was found
+        return 0.0

@@ -25,7 +25,7 @@ from pathlib import Path
 import nbformat
 
 from labkit import labs
-from labkit.grading import answers, feedback, gradebook, judge_box, record
+from labkit.grading import answers, bounded, feedback, gradebook, judge_box, record
 from labkit.grading.execute import cap_outputs, execute, prepare, untag
 from labkit.grading.kernel_box import HOME, KernelBox
 from labkit.grading.restore import Restored, check_step, restore
@@ -76,6 +76,16 @@ def _shown_quiz(job: dict, raw: dict | None, work: Path) -> dict[Path, str]:
     return {copy: f"{HOME}/work/quiz-{job['lab']}.json"}
 
 
+def _read_submission(job: dict, release) -> tuple[Restored, str, dict | None]:
+    """The notebook (bounded, its shape checked), restored; the module its step cells make; the
+    quiz answers. Raises for anything in the student's files that cannot be read."""
+    nb = nbformat.from_dict(read_notebook(read_capped(Path(job["path"]), MAX_NOTEBOOK_BYTES)))
+    restored = restore(nb, release) if release is not None else Restored(nb, ["no-release"], set())
+    code = assemble(parts_from_notebook(restored.nb))
+    code.encode("utf-8")  # (read_notebook refuses lone surrogates; this is where one would fail)
+    return restored, code, answers.read(Path(job["path"]), job["lab"])
+
+
 def grade(job: dict) -> dict:
     started = time.monotonic()
     out = Path(job["out"])
@@ -90,27 +100,24 @@ def grade(job: dict) -> dict:
     judge_dir.chmod(0o711)
     kernel = None
     try:
-        try:
-            nb = nbformat.from_dict(read_notebook(read_capped(Path(job["path"]), MAX_NOTEBOOK_BYTES)))
-        except (OSError, NotANotebook) as exc:
-            return record.malformed(job, str(exc) if isinstance(exc, NotANotebook) else
-                                    f"The file could not be read: {exc.strerror or exc}.")
-        flags = list(job.get("flags", []))
-        if job.get("release"):
-            release = nbformat.from_dict(read_notebook(Path(job["release"]).read_bytes()))
-            restored = restore(nb, release)
-        else:
-            restored = Restored(nb, ["no-release"], set())
-        flags += restored.flags
+        release = nbformat.from_dict(read_notebook(Path(job["release"]).read_bytes())) if job.get("release") else None
+        try:  # the student's files: whatever they hold ends as this submission's malformed row
+            restored, code, raw_quiz = _read_submission(job, release)
+        except (NotANotebook, bounded.Refused) as exc:
+            return record.malformed(job, str(exc))
+        except OSError as exc:
+            return record.malformed(job, f"The file could not be read: {exc.strerror or exc}.")
+        except Exception as exc:
+            return record.malformed(job, f"The grader could not read this submission ({bounded.describe(exc)}).")
+        flags = list(job.get("flags", [])) + restored.flags
 
         module = judge_dir / labs.MODULE_FILES[job["lab"]]
-        module.write_text(assemble(parts_from_notebook(restored.nb)), encoding="utf-8")
+        module.write_text(code, encoding="utf-8")
         module.chmod(0o644)
         box: dict = {}
         judge = threading.Thread(target=_run_judge, args=(job, module, box, limits), name="judge", daemon=True)
         judge.start()
 
-        raw_quiz = answers.read(Path(job["path"]), job["lab"])
         skip = {c.get("id") for c in restored.nb.cells
                 if check_step(c) is not None and c.get("id") in restored.released_ids}
         executed = prepare(restored.nb, skip)
