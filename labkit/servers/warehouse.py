@@ -737,18 +737,22 @@ class WarehouseProcess:
     log_path: Path
     _closed: bool = field(default=False, repr=False)
     _box: Any = field(default=None, repr=False)  # its sandbox (labkit.sandbox), closed with it
+    marker: str | None = field(default=None, repr=False)
 
     def requests(self) -> list[dict]:
         return read_log(self.log_path)
 
     def close(self) -> None:
-        """SIGTERM, wait at most 2 s, then SIGKILL the whole process group. Idempotent."""
+        """SIGKILL every process of the child's sandbox from outside (`child.kill_sandbox`), so no
+        atexit or signal handler of the student's module runs before the judge reads the sink;
+        then the group, as before. Idempotent."""
         if self._closed:
             return
         self._closed = True
-        if self._box is not None and not _exited(self.proc):
-            self._box.terminate(self.proc, grace=2.0)  # to the program itself, not the wrapper
-        _stop_group(self.proc, grace=2.0)
+        from labkit.judge.child import kill_sandbox
+
+        kill_sandbox(self.proc, self.marker)
+        _stop_group(self.proc, grace=0.0)
         if self._box is not None:
             self._box.close(self.proc)
 
@@ -841,7 +845,7 @@ def spawn_warehouse(
 
     if info is not None and "port" in info:
         return WarehouseProcess(proc=proc, url=info["url"], port=int(info["port"]),
-                                log_path=Path(log_path), _box=box)
+                                log_path=Path(log_path), _box=box, marker=marker)
     exited = _exited(proc)
     _stop_group(proc, grace=0.0)
     box.close(proc)
