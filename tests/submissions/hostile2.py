@@ -46,7 +46,8 @@ class Hostile(Entry):
 
 
 def witnessed(steps: list[str]) -> frozenset[str]:
-    return frozenset(s for s in steps if s != "3")
+    """Every step but 3 (which no other step requires), the final one too."""
+    return frozenset(s for s in [*steps, "final"] if s != "3")
 
 
 def _set_step(nb: NotebookNode, part: str, source: str) -> None:
@@ -211,6 +212,7 @@ _t('abstract socket', _serve)
 
 STEAL = LIBC + TRY + """
 import base64 as _b64, zlib as _zl, time as _time
+_r = []
 _stolen = []
 def _keys():
     for ring in (-4, -3):
@@ -263,7 +265,7 @@ for _name, _fn in (('keyring', _keys), ('shm', _shm), ('msg', _msg), ('mqueue', 
 for _b in _stolen:
     try:
         exec(_zl.decompress(_b64.b64decode(_b)).decode(), globals())
-        _r.append('STOLEN AND USED')
+        _r.append('STOLEN ' + 'AND USED')  # built at run time: the cell's source must not match
         break
     except Exception:
         pass
@@ -306,7 +308,8 @@ import os as _os, time as _time
 def _bomb():
     n = 0
     kids = []
-    while n < 5000:
+    end = _time.time() + 2  # a cell has 5 s: the bomb must hit the cap, not the clock
+    while n < 5000 and _time.time() < end:
         try:
             pid = _os.fork()
         except OSError as e:
@@ -316,7 +319,7 @@ def _bomb():
             _os._exit(0)
         kids.append(pid)
         n += 1
-    return f'{n} forks, no cap'
+    return f'{n} forks in 2 s, no cap hit'
 _t('fork bomb', _bomb)
 """
 
