@@ -42,6 +42,7 @@ atexit.register(shutil.rmtree, MODULE.parent, True)  # made at import, in every 
 MODULE.write_text(SOLUTION.read_text())
 MODULE.chmod(0o644)
 MODULE.parent.chmod(0o711)
+INSIDE_MODULE = MODULE.parent / "inside.py"  # a "student module" that looks around as it loads
 
 
 def _require_sandbox() -> None:
@@ -65,7 +66,7 @@ def sandbox_required():
 INSIDE = r'''
 import errno, json, os, signal, socket, sys
 
-targets = json.loads(sys.argv[1])
+targets = json.loads(os.environ["LABKIT_TARGETS"])
 results = {}
 
 def outcome(fn):
@@ -123,19 +124,17 @@ results["processes"] = sorted(int(p) for p in os.listdir("/proc") if p.isdigit()
 print(json.dumps(results))
 '''
 
-# The judge's side, inside its box: make a step folder, start the child in its sandbox.
+# The judge's side, inside its box: make a step folder, ask the launcher for a child whose
+# "student module" is INSIDE (the launcher shows a child only the grader's copy of the module).
 DRIVER = r'''
-import json, os, subprocess, sys, tempfile
+import json, os, sys, tempfile
 from pathlib import Path
-from labkit.sandbox import profiles
+from labkit.judge import child
 workdir = Path(tempfile.mkdtemp(prefix="labkit-"))
-(workdir / "inside.py").write_text(sys.argv[1])
-box = profiles.child_box(Path(sys.argv[3]), workdir, {"LABKIT_RUN": "inside-test"})
-proc = box.spawn([sys.executable, str(workdir / "inside.py"), sys.argv[2]], stdout=subprocess.PIPE,
-                 stderr=subprocess.PIPE, cwd=workdir, start_new_session=True)
-out, err = proc.communicate(timeout=60)
-print(json.dumps({"child": out.decode(), "stderr": err.decode()[-2000:], "box": type(box).__name__,
-                  "judge_env_marker": os.environ.get("LABKIT_TEST_SECRET")}))
+run = child.run_child(Path(sys.argv[2]), "labkit.probe:noop", {}, workdir=workdir, timeout=60,
+                      env={"LABKIT_TARGETS": sys.argv[1]})
+print(json.dumps({"child": run.stdout, "stderr": run.stderr[-2000:], "exit": run.exit_code,
+                  "judge_uid": os.getuid(), "judge_env_marker": os.environ.get("LABKIT_TEST_SECRET")}))
 '''
 
 
@@ -187,21 +186,31 @@ def inside(tmp_path_factory):
                    "bwrap's init (pid 1)": 1},
         "connect": {"a server on the host's loopback": host_server.getsockname()[1]},
     }
-    env = {**os.environ, "LABKIT_TEST_SECRET": "the-judges-secret", sandbox.MODE_ENV: "on"}
-    policy = profiles.judge_box(module=MODULE, tmp="/tmp", env=env)
-    box = sandbox.Box.open(policy, sandbox.support().cgroups)
+    from labkit.grading import judge_box
+
+    inside_module = INSIDE_MODULE
+    inside_module.write_text(INSIDE)
+    os.environ["LABKIT_TEST_SECRET"] = "the-judges-secret"  # the grader's: never the judge's
     try:
-        proc = box.spawn([sys.executable, "-c", DRIVER, INSIDE, json.dumps(targets), str(MODULE)],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-        stdout, stderr = proc.communicate(timeout=120)
+        env = judge_box._env(sandbox.uid(), {})
     finally:
-        box.close()
+        del os.environ["LABKIT_TEST_SECRET"]
+    proc = None
+    try:
+        with judge_box.judge_session(sandbox.uid(), inside_module, env) as (box, spawn):
+            proc = spawn([sys.executable, "-c", DRIVER, json.dumps(targets), str(inside_module)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            try:
+                stdout, stderr = proc.communicate(timeout=120)
+            finally:
+                box.close(proc)
+    finally:
         host_server.close()
         neighbour_proc.kill()
         neighbour_proc.wait()
     assert proc.returncode == 0, stderr.decode()[-3000:]
     report = json.loads(stdout)
-    assert report["box"] == "Box" and report["judge_env_marker"] == "the-judges-secret"
+    assert report["judge_uid"] == sandbox.uid() and report["judge_env_marker"] is None
     assert report["child"], report["stderr"]
     found = json.loads(report["child"])
     found["_host_files"] = {p: os.path.exists(os.path.join(p, "pwned-by-sandbox.txt"))
@@ -487,7 +496,7 @@ def test_a_judge_in_its_box_reads_the_graders_unicode_tables_and_cannot_change_t
 
     env = judge_box._env(sandbox.uid(), {})
     env[differential.STORAGE_ENV] = str(tables)
-    box = sandbox.Box.open(profiles.judge_box(module=MODULE, tmp="/tmp", env=env, tables=tables),
+    box = sandbox.Box.open(profiles.judge_box(sandbox.uid(), module=MODULE, tmp="/tmp", env=env, tables=tables),
                            sandbox.support().cgroups)
     try:
         proc = box.spawn([sys.executable, "-c", READ_TABLES], stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -362,42 +362,55 @@ def test_a_solution_kept_in_the_kernels_key_ring_does_not_reach_the_next_submiss
     assert "42" not in fetched["/proc/keys"] and name not in fetched["/proc/keys"]
 
 
-def test_the_judges_own_box_has_no_key_rings_but_can_still_start_boxes(tmp_path):
-    """The judge's box (root, trusted) gets the variant that lets bwrap mount and unshare for its
-    children; a child started in it runs under both filters."""
+JUDGE_VIEW = textwrap.dedent(r'''
+    import ctypes, json, os, sys, tempfile
+    from pathlib import Path
+    from labkit.judge import child
+    nr = json.loads(sys.argv[1])
+    libc = ctypes.CDLL(None, use_errno=True)
+    def errno_of(name, *args):
+        return 0 if libc.syscall(ctypes.c_long(nr[name]), *args) >= 0 else ctypes.get_errno()
+    status = dict(line.split(":", 1) for line in open("/proc/self/status").read().splitlines() if ":" in line)
+    found = {"uid": os.getuid(), "CapEff": status["CapEff"].strip(), "CapBnd": status["CapBnd"].strip(),
+             "keyctl": errno_of("keyctl", 0, -2, 0), "ptrace": errno_of("ptrace", 0x4206, 1, 0, 0),
+             "cgroupfs": os.path.exists("/sys/fs/cgroup"), "sys": os.path.exists("/sys"),
+             "environ": sorted(os.environ)}
+    run = child.run_child(Path(sys.argv[2]), "labkit.probe:noop", {}, workdir=Path(tempfile.mkdtemp()), timeout=60)
+    found["child"] = [l.split(":")[1].strip() for l in run.stdout.splitlines() if l.startswith(("Seccomp", "Uid"))]
+    found["child_err"] = run.stderr[-500:]
+    print(json.dumps(found))
+''')
+
+
+def test_the_judges_box_is_unprivileged_and_its_children_come_from_the_launcher(tmp_path):
+    """The judge runs as the job's uid with no capability, no cgroupfs and the student filter;
+    it cannot start a sandbox itself, so its children come from the launcher, filtered too."""
     _require_sandbox()
-    numbers = json.dumps(_numbers())
-    (tmp_path / "worker.py").write_text("def solve():\n    return 42\n")
-    policy = profiles.judge_box(module=tmp_path / "worker.py", tmp="/tmp",
-                                env={**os.environ, sandbox.MODE_ENV: "on"})
-    driver = textwrap.dedent(r'''
-        import ctypes, json, subprocess, sys
-        from labkit import sandbox
-        from labkit.sandbox import Policy, profiles
-        nr = json.loads(sys.argv[1])
-        libc = ctypes.CDLL(None, use_errno=True)
-        found = {"keyctl": 0 if libc.syscall(ctypes.c_long(nr["keyctl"]), 0, -2, 0) >= 0 else ctypes.get_errno()}
-        policy = Policy(read_only=tuple(profiles.runtime()), memory_bytes=None, max_processes=None)
-        box = sandbox.Box.open(policy)
-        proc = box.spawn([sys.executable, "-c", "print(open('/proc/self/status').read())"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        out, err = proc.communicate(timeout=60)
-        box.close(proc)
-        found["child"] = [l.split(":")[1].strip() for l in out.decode().splitlines() if l.startswith("Seccomp_filters")]
-        found["child_err"] = err.decode()[-500:]
-        print(json.dumps(found))
-    ''')
-    box = sandbox.Box.open(policy, sandbox.support().cgroups)
-    proc = box.spawn([sys.executable, "-c", driver, numbers], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                     env=policy.env, cwd="/tmp", start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=120)
-    finally:
-        box.close()
+    from labkit.grading import judge_box
+
+    module = tmp_path / "worker.py"
+    module.write_text("print(open('/proc/self/status').read())\n")
+    tmp_path.chmod(0o755)
+    env = judge_box._env(sandbox.uid(), {})
+    with judge_box.judge_session(sandbox.uid(), module, env) as (box, spawn):
+        proc = spawn([sys.executable, "-c", JUDGE_VIEW, json.dumps(_numbers()), str(module)],
+                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            out, err = proc.communicate(timeout=120)
+        finally:
+            box.close(proc)
     assert proc.returncode == 0, err.decode()[-2000:]
     found = json.loads(out)
+    assert found["uid"] == sandbox.uid() != 0
+    assert int(found["CapEff"], 16) == 0 and int(found["CapBnd"], 16) == 0
     assert found["keyctl"] == errno.EPERM
-    assert found["child"] == ["2"], found["child_err"]
+    assert found["ptrace"] == errno.EPERM
+    assert not found["cgroupfs"] and not found["sys"]
+    allowed = {*profiles.base_env(), *profiles.PASS_THROUGH, *judge_box.JUDGE_SETTINGS, "PYTHONPATH", "PWD",
+               "PYTHONDONTWRITEBYTECODE", "LABKIT_LAUNCHER_FD"}
+    assert set(found["environ"]) <= allowed, set(found["environ"]) - allowed  # built from nothing
+    uids = [line for line in found["child"] if line.startswith(str(sandbox.uid()))]
+    assert uids and "1" in found["child"], found  # the child: the job's uid, one filter (the launcher's)
 
 
 # --- the box's side: fds, failures ------------------------------------------------------------

@@ -199,10 +199,11 @@ def _worker_entry(job: dict, log: str) -> None:
     worker.entry(job, log)
 
 
-def start_worker(ctx, job: dict, batch: Batch, slot: int) -> Running:
+def start_worker(ctx, job: dict, batch: Batch, slot: int, number: int = 0) -> Running:
     out, key = batch.out, job["key"]
-    # Each concurrent job's student code runs as a uid of its own (`None`: no sandbox).
-    uid = sandbox.uid() + 1 + slot if batch.sandboxed else None
+    # Each submission's code (its judge, children and kernel) runs as a uid of its own, never
+    # reused within the batch: `number` counts the jobs started (`None`: no sandbox).
+    uid = sandbox.uid() + 1 + number if batch.sandboxed else None
     job = {**job, "marker": reaper.new_marker(), "uid": uid, "slot": slot}
     gradebook.write_atomic(_running_file(out, key), json.dumps({"marker": job["marker"], "key": key}))
     log = gradebook.results_dir(out) / f"{key}.log"
@@ -380,13 +381,15 @@ def _run_locked(found, skipped, batch: Batch, seed: int | None) -> int:
                + (f"; {len(skipped)} path(s) skipped (listed in the gradebook)" if skipped else "")), flush=True)
     progress = Progress(len(todo))
     queue, active = list(todo), []
-    free = list(range(batch.jobs))  # slots: each running job's uid is its slot's
+    free = list(range(batch.jobs))  # slots: how many run at once
+    started = 0  # each started job's uid is its own (`start_worker`)
     try:
         while queue or active:
             while queue and len(active) < batch.jobs:
                 job = queue.pop(0)
                 if gradable(job):
-                    active.append(start_worker(ctx, job, batch, free.pop(0)))
+                    active.append(start_worker(ctx, job, batch, free.pop(0), started))
+                    started += 1
                 else:
                     progress.update(record.malformed({**job, "marker": None}, job["problem"])["row"])
             if not active:

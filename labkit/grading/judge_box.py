@@ -16,19 +16,24 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import subprocess
 import sys
 import tempfile
 import time
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from labkit import sandbox
+from labkit import limits, sandbox
 from labkit.judge import differential
 from labkit.judge.verdict import LabVerdict, from_json
-from labkit.sandbox import profiles
+from labkit.sandbox import launcher, profiles
 
 JUDGE_TMP = "/tmp"
+# The grader's variables a judge may see: the course's own settings that the judge reads.
+JUDGE_SETTINGS = (limits.TIMEOUT_ENV,)
+MAX_VERDICT = 32 * 1024 * 1024  # the judge's JSON verdict, read capped
 
 
 @dataclass
@@ -40,43 +45,82 @@ class JudgeRun:
 
 
 def _env(uid: int | None, marker_env: dict[str, str]) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("JUPYTER_", "JPY_"))}
+    """The judge's environment. Sandboxed: built from nothing (the course's own settings, the
+    locale, the marker), never the grader's; unsandboxed: the grader's, as before."""
+    if uid is None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("JUPYTER_", "JPY_"))}
+        env[sandbox.MODE_ENV] = "off"
+    else:
+        env = profiles.base_env(JUDGE_TMP)
+        env.update({k: os.environ[k] for k in JUDGE_SETTINGS if k in os.environ})
     env.update(marker_env)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(profiles.ROOT), os.environ.get("PYTHONPATH")]))
     env["PYTHONDONTWRITEBYTECODE"] = "1"
-    if uid is None:
-        env[sandbox.MODE_ENV] = "off"
-    else:
-        env.update({sandbox.MODE_ENV: "on", sandbox.UID_ENV: str(uid), "TMPDIR": JUDGE_TMP, "HOME": JUDGE_TMP})
     return env
+
+
+@contextmanager
+def judge_session(uid: int, module: Path, env: dict[str, str], tables: Path | None = None):
+    """A judge's box for `uid` and its launcher (this process keeps the only privilege).
+
+    Yields `(box, spawn)`: `spawn(argv, **popen)` starts `argv` in the box as the judge and
+    attaches the launcher to it (one judge per session); close the box with `box.close(proc)`.
+    The launcher is closed on leaving: every child it started is killed and cleaned up."""
+    env = dict(env)
+    os.chmod(module, 0o644)  # the grader's copy, which the judge and its children read
+    launch = launcher.Launcher.pair(uid, module, sandbox.support().cgroups, JUDGE_TMP)
+    env[launcher.FD_ENV] = str(launch.judge_end.fileno())
+    box = sandbox.Box.open(profiles.judge_box(uid, module=module, tmp=JUDGE_TMP, env=env, tables=tables),
+                           sandbox.support().cgroups)
+
+    def spawn(argv: list[str], **popen) -> subprocess.Popen:
+        proc = box.spawn(argv, cwd=JUDGE_TMP, env=env, start_new_session=True,
+                         pass_fds=(launch.judge_end.fileno(),), **popen)
+        judge_pid = box.wait_child_pid(launcher.START_TIMEOUT)
+        if judge_pid is None:  # bwrap failed: its exit status and stderr say why
+            launch.judge_end.close()
+        else:
+            launch.attach(judge_pid)
+        return proc
+
+    try:
+        yield box, spawn
+    finally:
+        launch.close()
 
 
 def run(lab: str, module: Path, seed: int, *, uid: int | None, timeout: float,
         marker_env: dict[str, str] | None = None) -> JudgeRun:
-    """The judge's verdict on `module`; `uid` None runs it (and its children) unsandboxed."""
+    """The judge's verdict on `module`; `uid` None runs it (and its children) unsandboxed.
+
+    Sandboxed, the judge runs as `uid` with no capabilities, and this process keeps the only
+    privilege: a `launcher` thread that makes its children's sandboxes on request.
+    """
     started = time.monotonic()
     env = _env(uid, marker_env or {})
     argv = [sys.executable, "-P", "-m", "labkit", "check", lab, "--solution", str(module),
             "--seed", str(seed), "--json"]
-    if uid is None:
-        box, cwd = sandbox.NullBox(), str(module.parent)
-    else:
-        tables = differential.unicode_tables()
-        if tables is not None:  # read-only: Hypothesis' failed writes there are silent
-            env[differential.STORAGE_ENV] = str(tables)
-        policy = profiles.judge_box(module=module, tmp=JUDGE_TMP, env=env, tables=tables)
-        box, cwd = sandbox.Box.open(policy, sandbox.support().cgroups), str(module.parent)
-    proc = None
-    with tempfile.TemporaryFile() as err:
+    with ExitStack() as stack:
+        if uid is None:
+            box = sandbox.NullBox()
+
+            def spawn(argv: list[str], **popen) -> subprocess.Popen:
+                return box.spawn(argv, cwd=str(module.parent), env=env, start_new_session=True, **popen)
+        else:
+            tables = differential.unicode_tables()
+            if tables is not None:  # read-only: Hypothesis' failed writes there are silent
+                env[differential.STORAGE_ENV] = str(tables)
+            box, spawn = stack.enter_context(judge_session(uid, module, env, tables))
+        proc = None
+        err = stack.enter_context(tempfile.TemporaryFile())
         try:
-            proc = box.spawn(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err,
-                             cwd=cwd, env=env, start_new_session=True)
+            proc = spawn(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err)
             try:
-                out, _ = proc.communicate(timeout=timeout)
+                out = _read_capped(proc, timeout)
             except subprocess.TimeoutExpired:
                 box.kill()
                 proc.kill()
-                proc.communicate()
+                proc.wait()
                 return JudgeRun(None, f"the judge ran over {timeout:g} s", time.monotonic() - started,
                                 _label(box))
         finally:
@@ -85,14 +129,38 @@ def run(lab: str, module: Path, seed: int, *, uid: int | None, timeout: float,
                 proc.wait()
             box.close(proc)
         err.seek(0)
-        said = err.read()[-3000:].decode("utf-8", "replace").strip()
+        said = err.read(3000).decode("utf-8", "replace").strip()
     seconds = time.monotonic() - started
     if proc.returncode not in (0, 1):
         return JudgeRun(None, f"the judge exited with code {proc.returncode}: {said}", seconds, _label(box))
     try:
         return JudgeRun(from_json(json.loads(out)), "", seconds, _label(box))
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:
         return JudgeRun(None, f"the judge's verdict could not be read ({exc}): {said}", seconds, _label(box))
+
+
+def _read_capped(proc: subprocess.Popen, timeout: float) -> bytes:
+    """The judge's stdout, at most `MAX_VERDICT` bytes, within `timeout`; the rest is drained."""
+    deadline = time.monotonic() + timeout
+    chunks, size = [], 0
+    fd = proc.stdout.fileno()
+    os.set_blocking(fd, False)
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise subprocess.TimeoutExpired(proc.args, timeout)
+        ready, _, _ = select.select([fd], [], [], min(remaining, 1.0))
+        if not ready:
+            continue
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        if size < MAX_VERDICT:
+            chunks.append(chunk)
+            size += len(chunk)
+    proc.stdout.close()
+    proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+    return b"".join(chunks)[:MAX_VERDICT]
 
 
 def _label(box) -> str:

@@ -95,15 +95,26 @@ class Box:
     _usage: cgroups.Usage = field(default_factory=cgroups.Usage)
     _killed: int = 0
     active: bool = True
+    # Set by the launcher (`launcher.py`): writable paths bound from a directory fd the judge
+    # sent (inside path → fd), and the judge's network and pid namespaces to start the box in.
+    bound_fds: dict[str, int] = field(default_factory=dict)
+    netns_fd: int | None = None
+    pidns_fd: int | None = None
+    mntns_fd: int | None = None
+    _early: dict = field(default_factory=dict)
+    _pending: bytes = b""
 
     @classmethod
-    def open(cls, policy: Policy, hierarchy: cgroups.Hierarchy | None = None) -> Box:
+    def open(cls, policy: Policy, hierarchy: cgroups.Hierarchy | None = None, *,
+             chown_writable: bool = True) -> Box:
+        """`chown_writable=False`: the writable folders are the caller's fds, already the uid's; the
+        launcher never walks (or chowns) a path a sandboxed process could have touched."""
         from labkit.judge import reaper
 
         # bwrap's first process inside can outlive bwrap; it must re-parent to us to be collected.
         reaper.become_subreaper()
         box = cls(policy)
-        if policy.drops_privileges:
+        if policy.drops_privileges and chown_writable:
             for path in policy.writable:
                 hand_over(Path(path), policy.uid, policy.gid)
         if hierarchy is not None and (policy.memory_bytes or policy.max_processes):
@@ -122,14 +133,42 @@ class Box:
                 kind = seccomp.STUDENT if self.policy.drops_privileges else seccomp.NESTING
                 self._seccomp = seccomp.filter_fd(kind)
             return bwrap.command(self.policy, argv, cgroup_procs=self.group.procs_files if self.group else (),
-                                 status_fd=self._status_w, seccomp_fd=self._seccomp)
+                                 status_fd=self._status_w, seccomp_fd=self._seccomp,
+                                 bound_fds=self.bound_fds, netns_fd=self.netns_fd, pidns_fd=self.pidns_fd,
+                                 mntns_fd=self.mntns_fd)
         except BaseException:
             self.started()
             raise
 
     @property
     def pass_fds(self) -> tuple[int, ...]:
-        return tuple(fd for fd in (self._status_w, self._seccomp) if fd is not None)
+        shared = (self._status_w, self._seccomp, self.netns_fd, self.pidns_fd, self.mntns_fd,
+                  *self.bound_fds.values())
+        return tuple(fd for fd in shared if fd is not None)
+
+    def wait_child_pid(self, timeout: float) -> int | None:
+        """Block (bounded) until bwrap reports its first process inside; its host pid, or None
+        when bwrap ended (or said nothing) first. What was read is kept for `close`."""
+        import select
+
+        if self._status_r is None:
+            return None
+        deadline, data = time.monotonic() + timeout, b""
+        while b"\n" not in data:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not select.select([self._status_r], [], [], remaining)[0]:
+                break
+            chunk = os.read(self._status_r, 65536)
+            if not chunk:
+                break
+            data += chunk
+        first, _, rest = data.partition(b"\n")
+        try:
+            self._early = json.loads(first) if first.strip() else {}
+        except ValueError:
+            self._early = {}
+        self._pending = rest
+        return self._early.get("child-pid")
 
     def spawn(self, argv: list[str], **popen) -> subprocess.Popen:
         """Popen the wrapped command (`pass_fds` given are passed on, plus the box's own).
@@ -209,11 +248,11 @@ class Box:
             pass
 
     def _status(self) -> dict:
-        status: dict = {}
+        status: dict = dict(self._early)
         if self._status_r is None:
             return status
         os.set_blocking(self._status_r, False)
-        data = b""
+        data = self._pending
         try:
             while chunk := os.read(self._status_r, 65536):
                 data += chunk
@@ -246,7 +285,7 @@ class Box:
                 self.group.remove()
                 orphans |= self.group.orphans
                 self.group = None
-            if "child-pid" in self._state:
+            if "child-pid" in self._state and self.pidns_fd is None:  # else: not our numbering
                 orphans.add(int(self._state["child-pid"]))
             if proc is not None:  # bwrap itself is the caller's Popen to wait for, never ours
                 orphans.discard(proc.pid)

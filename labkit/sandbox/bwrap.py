@@ -30,7 +30,7 @@ from labkit.sandbox.policy import SYSTEM_DIRS, SYSTEM_FILES, SYSTEM_LINKS, Polic
 
 # Joins every cgroup named before `--`, then execs the rest. Exit 125: could not join.
 JOIN_CGROUPS = 'p=$$; while [ "$1" != -- ]; do echo "$p" > "$1" || exit 125; shift; done; shift; exec "$@"'
-TOOLS = ("bwrap", "setpriv", "prlimit")
+TOOLS = ("bwrap", "setpriv", "prlimit", "nsenter")
 # /proc files that show (or poke) kernel-wide state, not the box's own: each one that exists
 # here is covered by /dev/null inside (Docker's masked paths; the kernel is the same inside).
 MASKED_PROC = ("/proc/keys", "/proc/key-users", "/proc/kcore", "/proc/kallsyms", "/proc/timer_list",
@@ -80,13 +80,20 @@ def _ancestors(paths: list[str], bound: set[str], roots: set[str]) -> list[str]:
 
 
 def command(policy: Policy, argv: list[str], *, cgroup_procs: tuple[Path, ...] = (),
-            status_fd: int | None = None, seccomp_fd: int | None = None) -> list[str]:
+            status_fd: int | None = None, seccomp_fd: int | None = None,
+            bound_fds: dict[str, int] | None = None, netns_fd: int | None = None,
+            pidns_fd: int | None = None, mntns_fd: int | None = None) -> list[str]:
     """The full command line that runs `argv` under `policy`.
 
     `cgroup_procs`: the `cgroup.procs` files to join first; `status_fd`: an fd that bwrap
     writes its JSON status to (the child's pid, then its exit code); `seccomp_fd`: an fd to
-    read the compiled seccomp filter from (`seccomp.filter_fd`).
+    read the compiled seccomp filter from (`seccomp.filter_fd`); `bound_fds`: writable paths
+    bound from a directory fd (`--bind-fd`), never by resolving a host path; `netns_fd`,
+    `pidns_fd`, `mntns_fd`: start inside these namespaces (the judge's, with `nsenter`),
+    so the judge's servers are reachable, the judge sees the box's processes (never the
+    reverse), and every path is resolved in the judge's view, never the host's.
     """
+    bound_fds = bound_fds or {}
     bwrap = tool("bwrap") or "bwrap"
     args = [bwrap, "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--hostname", "sandbox",
             "--die-with-parent"]
@@ -119,7 +126,10 @@ def command(policy: Policy, argv: list[str], *, cgroup_procs: tuple[Path, ...] =
     for directory in _ancestors(mounts, covered, {"/tmp", "/dev", "/dev/shm"}):
         args += ["--perms", "0755", "--dir", directory]
     for path, rw in binds:
-        args += ["--bind" if rw else "--ro-bind", path, path]
+        if path in bound_fds:
+            args += ["--bind-fd" if rw else "--ro-bind-fd", str(bound_fds[path]), path]
+        else:
+            args += ["--bind" if rw else "--ro-bind", path, path]
     for path, size in policy.scratch:
         args += ["--perms", "1777", "--size", str(size), "--tmpfs", path]
     inside = [dest for _host, dest in policy.mapped if dest not in outside]
@@ -137,6 +147,11 @@ def command(policy: Policy, argv: list[str], *, cgroup_procs: tuple[Path, ...] =
     if any(limits):
         args += [tool("prlimit") or "prlimit", *filter(None, limits), "--core=0", "--"]
     args += list(argv)
+    enter = [f"--net=/proc/self/fd/{netns_fd}"] if netns_fd is not None else []
+    enter += [f"--mount=/proc/self/fd/{mntns_fd}"] if mntns_fd is not None else []
+    enter += [f"--pid=/proc/self/fd/{pidns_fd}"] if pidns_fd is not None else []  # nsenter forks
+    if enter:
+        args = [tool("nsenter") or "nsenter", *enter, "--", *args]
     if cgroup_procs:
         args = ["/bin/sh", "-c", JOIN_CGROUPS, "sh", *map(str, cgroup_procs), "--", *args]
     return args

@@ -160,20 +160,30 @@ def kernel(uid: int, *, home: str, sockets: Path, lab: str, shown: dict[Path, st
     )
 
 
-def judge_box(*, module: Path, tmp: str, env: dict[str, str], tables: Path | None = None) -> Policy:
-    """The judge of one job: trusted, root, in its own network; starts sandboxed children.
+def launched_child(uid: int, *, module: Path, workdir: Path, code_modules: tuple[str, ...] = (),
+                   env: dict[str, str] | None = None) -> Policy:
+    """A judge's child as the launcher makes it: `child`, but the module is shown from the
+    grader's own copy (readable, outside every box) and the step folder is bound from the
+    directory fd the judge sent (`Box.bound_fds`): nothing is copied into or read from it."""
+    policy = child(uid, module=module, workdir=workdir, code_modules=code_modules, env=env)
+    return dataclasses.replace(policy, mapped=(), read_only=(*policy.read_only, Path(module).resolve()))
 
+
+def judge_box(uid: int, *, module: Path, tmp: str, env: dict[str, str], tables: Path | None = None) -> Policy:
+    """The judge of one job: the job's uid, no capabilities, no cgroupfs, a network of its own.
+
+    It starts no sandbox itself: the launcher does (`launcher.py`), in this box's network and
+    pid namespaces, as the same uid — so the judge can see, signal and inspect its children
+    and lock their SQLite files, and they cannot see it (a nested pid namespace, seccomp).
     Every step's folder is made under its private /tmp (`tmp`), so what children write there
     is capped by that tmpfs and counted in the job's memory, and goes with the box. `tables`:
     the grader's Hypothesis Unicode tables, read-only (`differential.warm_unicode_tables`).
     """
-    cgroup_root = Path("/sys/fs/cgroup")
     shown = [tables.resolve()] if tables is not None else []
     return Policy(
-        uid=None, gid=None,
+        uid=uid, gid=uid,
         read_only=tuple(dict.fromkeys([*runtime(), ROOT / "labkit", ROOT / "checks", Path(module).resolve(),
                                        *shown])),
-        writable=(cgroup_root,) if cgroup_root.is_dir() else (),
         cwd=Path(tmp),
         env=env,
         network="private",
@@ -193,7 +203,11 @@ def child_box(module: Path, workdir: Path, env: dict[str, str], code_modules: tu
     numbers, a check's proxy variables...), never the judge's environment itself.
     """
     from labkit import sandbox
+    from labkit.sandbox import remote
 
+    launcher = remote.connection()
+    if launcher is not None:  # an unprivileged judge: the launcher makes the box
+        return remote.RemoteBox(launcher, code_modules)
     if not sandbox.enabled():
         return sandbox.NullBox()
     own = {k: v for k, v in env.items() if os.environ.get(k) != v}
