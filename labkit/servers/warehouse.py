@@ -12,25 +12,28 @@ delivered what.
 
 Two ways to run it:
 - in process: `start_warehouse(...)` — for labkit's own receive or trusted test code;
-- in a child process: `spawn_warehouse(...)` / `python -m labkit.servers.warehouse --module ...` —
-  the student's `receive` never runs inside the judge's process.
+- with the student's `receive`: `spawn_warehouse(...)`. The HTTP side stays in the judge's
+  process (the *front*: it listens, applies the faults, keeps the request log and answers);
+  only `open_sink` + `receive` run in a judged child (`labkit.probe.warehouse`, started
+  through `labkit.judge.child`), which gets each event on a private pipe and answers
+  applied / duplicate / conflict / bad_request / error. The child never sees the log or the
+  faults, so nothing it does (rewriting files, patching this module in its own process) can
+  change what `requests()` returns; an answer the judge cannot read is a 500 and a log entry.
 
-Standard library only. Nothing is printed: the log file is the only output.
+`requests()` is the judge's own memory. The file at `log_path` is a copy for people reading a
+run, created anew by the judge (`step_files.create`: a child's link there is removed, never
+followed). Standard library only (plus labkit). Nothing is printed.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import importlib.util
 import json
 import math
 import os
-import signal
 import socket
 import socketserver
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -88,8 +91,11 @@ class WarehouseStartError(RuntimeError):
 
 
 def read_log(log_path: Path) -> list[dict]:
-    """Parse the JSON Lines log. A torn last line (no newline yet) is skipped."""
-    data = Path(log_path).read_bytes()
+    """Parse the JSON Lines log. A torn last line (no newline yet) is skipped. Read as the judge
+    reads any file in a step folder (`step_files`: no link, no FIFO, bounded)."""
+    from labkit.judge import step_files
+
+    data = step_files.read_bytes(log_path, what="the request log")
     lines = data.split(b"\n")
     # Everything after the last newline is a line still being written (or torn by a kill).
     complete = lines[:-1]
@@ -104,15 +110,25 @@ def read_log(log_path: Path) -> list[dict]:
     return records
 
 
-def _append_line(path: Path, record: dict) -> None:
-    # One os.write on an O_APPEND descriptor: the line lands whole and is visible to other
-    # processes at once (no Python buffer to flush), and no descriptor stays open.
-    data = (json.dumps(record) + "\n").encode("ascii")
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+def _open_log(path: Path) -> int | None:
+    """The judge's descriptor for the log's copy on disk (None if it cannot be made: the
+    records in memory are what the judge reads anyway)."""
+    from labkit.judge import step_files
+
     try:
+        return step_files.create(path)
+    except OSError:
+        return None
+
+
+def _append_line(fd: int | None, record: dict) -> None:
+    # One os.write on the judge's own O_APPEND descriptor: the line lands whole and is visible
+    # to readers at once. Whatever a child does to the name afterwards, this fd is the judge's.
+    if fd is None:
+        return
+    data = (json.dumps(record) + "\n").encode("ascii")
+    with contextlib.suppress(OSError):
         os.write(fd, data)
-    finally:
-        os.close(fd)
 
 
 def _describe(exc: BaseException) -> str:
@@ -182,6 +198,7 @@ def _check_event_fault(fault: EventFault) -> EventFault:
 @dataclass
 class _State:
     log_path: Path
+    log_fd: int | None
     faults: tuple[str, ...]
     receive: Receive | None
     open_sink: OpenSink | None
@@ -198,6 +215,8 @@ class _State:
     # What `Warehouse.requests()` returns: the judge's own memory, not the file in a folder a
     # sandboxed child can write to (the file stays, for people reading a run).
     records: list[dict] = field(default_factory=list)
+    # With the student's receive in a child: the judge's channel to it (`_Remote`).
+    remote: _Remote | None = None
 
     def next_n(self) -> int:
         with self.lock:
@@ -222,10 +241,19 @@ class _State:
     def log(self, record: dict) -> None:
         with self.log_lock:
             self.records.append(dict(record))
-            _append_line(self.log_path, record)
+            _append_line(self.log_fd, record)
+
+    def close_log(self) -> None:
+        with self.log_lock:
+            if self.log_fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(self.log_fd)
+                self.log_fd = None
 
     def apply(self, event: dict) -> tuple[str, str | None]:
         """Apply one event; returns (outcome, error message or None)."""
+        if self.remote is not None:
+            return self.remote.apply(event)
         if self.receive is None:
             return self._apply_builtin(event)
         return self._apply_receive(event)
@@ -521,7 +549,7 @@ class _Handler(BaseHTTPRequestHandler):
 def _parse_event(body: bytes) -> tuple[dict | None, str | None]:
     try:
         event = json.loads(body.decode("utf-8"))
-    except ValueError as exc:  # includes UnicodeDecodeError and JSONDecodeError
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError, JSONDecodeError; 64 KB of "["
         return None, _describe(exc)
     if not isinstance(event, dict):
         return None, f"event must be a JSON object, got {type(event).__name__}"
@@ -576,6 +604,7 @@ class Warehouse:
         for thread in threads:
             if thread.ident is not None:  # started (the accept thread may not have finished)
                 thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        state.close_log()
 
     def __enter__(self) -> Warehouse:
         return self
@@ -629,170 +658,130 @@ def start_warehouse(
             or not math.isfinite(slow_seconds) or slow_seconds < 0):
         raise ValueError(f"slow_seconds must be a finite number >= 0, got {slow_seconds!r}")
     log_path = Path(log_path)
-    log_path.touch()  # the log exists (possibly empty) as soon as the server does
     state = _State(
-        log_path=log_path, faults=faults, receive=receive, open_sink=open_sink,
+        log_path=log_path, log_fd=_open_log(log_path),  # exists (empty) as soon as the server does
+        faults=faults, receive=receive, open_sink=open_sink,
         sink_path=Path(sink_path) if sink_path is not None else None,
         slow_seconds=float(slow_seconds),
         event_faults={str(k): _check_event_fault(v) for k, v in (event_faults or {}).items()},
     )
-    server = _Server(state)
+    return _launch(state)
+
+
+def _launch(state: _State) -> Warehouse:
+    try:
+        server = _Server(state)
+    except BaseException:
+        state.close_log()
+        raise
     port = server.server_port
     thread = threading.Thread(target=_serve, args=(server,), name=f"warehouse-{port}-accept",
                               daemon=True)
     thread.start()
-    return Warehouse(url=f"http://127.0.0.1:{port}{EVENTS_PATH}", port=port, log_path=log_path,
+    return Warehouse(url=f"http://127.0.0.1:{port}{EVENTS_PATH}", port=port, log_path=state.log_path,
                      _server=server, _thread=thread)
 
 
 # ---------------------------------------------------------------------------------------------
-# Child-process mode
+# The student's receive in a judged child, behind the judge's own front
+
+CHILD_PROBE = "labkit.probe.warehouse:serve_receive"
+RECEIVE_TIMEOUT = 30.0  # one receive call; far above any check's publisher timeout
+_CHILD_OUTCOMES = ("applied", "duplicate", "conflict", "bad_request", "error")
 
 
-def _import_worker(module_path: Path) -> Any:
-    module_path = Path(module_path).resolve()
-    sys.path.insert(0, str(module_path.parent))  # lets the student's module import siblings
-    spec = importlib.util.spec_from_file_location("worker", module_path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot load a module from {module_path}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["worker"] = module
-    spec.loader.exec_module(module)
-    for name in ("receive", "open_sink"):
-        if not callable(getattr(module, name, None)):
-            raise AttributeError(f"{module_path.name} defines no function {name!r}")
-    return module
+class _Remote:
+    """The front's channel to the child running the student's receive: one event at a time
+    on the child's private request pipe (`labkit.judge.child.ChildSession`: replies parsed
+    bounded in size and depth). Never raises: whatever the child does is an outcome."""
+
+    def __init__(self, session: Any, timeout: float = RECEIVE_TIMEOUT) -> None:
+        self.session = session
+        self.timeout = timeout
+        self.lock = threading.Lock()
+
+    def apply(self, event: dict) -> tuple[str, str | None]:
+        try:
+            with self.lock:
+                reply = self.session.call({"event": event}, timeout=self.timeout)
+        except Exception as exc:  # noqa: BLE001 - e.g. an event json cannot write; never the judge's crash
+            return "error", f"the warehouse could not hand the event to your receive: {_describe(exc)}"
+        try:
+            return _answer(reply)
+        except Exception as exc:  # noqa: BLE001 - whatever the child wrote, the judge answers 500 and logs it
+            return "error", f"the process running your receive sent an answer the judge cannot read ({_describe(exc)})"
 
 
-def _write_ready(path: Path, payload: dict) -> None:
-    # Atomic: the parent polls this file and must never read half of it.
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(payload), encoding="utf-8")
-    os.replace(tmp, path)
+def _answer(reply: Any) -> tuple[str, str | None]:
+    """(outcome, error) from the child's reply; anything else is the child's failure."""
+    if not isinstance(reply, dict):
+        return "error", f"the process running your receive sent an answer the judge cannot read: {type(reply).__name__}"
+    outcome = reply.get("outcome")
+    if reply.get("event") != "reply":  # ChildSession's own word: how the child ended, it never answered
+        outcome = outcome if isinstance(outcome, dict) else {}
+        kind = outcome.get("kind")
+        if kind == "timed_out":
+            return "error", (f"your receive did not answer within {outcome.get('seconds')} s; the judge stopped "
+                             "the process running it")
+        if kind == "aborted":
+            error = outcome.get("error") if isinstance(outcome.get("error"), dict) else {}
+            return "error", f"the process running your receive stopped: {error.get('type')}: " \
+                            f"{str(error.get('message'))[:300]}"
+        return "error", f"the process running your receive ended (exit code {outcome.get('exit_code')}) " \
+                        "before it answered"
+    error = reply.get("error")
+    if isinstance(outcome, str) and outcome in _CHILD_OUTCOMES and (error is None or isinstance(error, str)):
+        if outcome in ("applied", "duplicate"):
+            return outcome, None
+        return outcome, (error or "")[:MAX_ERROR_CHARS] or None
+    shown = json.dumps(reply)[:200]
+    return "error", f"the process running your receive sent an answer the judge cannot read: {shown}"
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Serve the warehouse with a student's worker module until SIGTERM/SIGINT."""
-    parser = argparse.ArgumentParser(
-        prog="python -m labkit.servers.warehouse",
-        description="Serve POST /events with MODULE's receive/open_sink until SIGTERM.",
-    )
-    parser.add_argument("--module", type=Path, required=True, help="path of worker.py")
-    parser.add_argument("--sink", type=Path, required=True, help="sink SQLite file")
-    parser.add_argument("--log", type=Path, required=True, help="JSON Lines request log")
-    parser.add_argument("--ready", type=Path, required=True,
-                        help='file that receives {"port", "url"} or {"error"}')
-    parser.add_argument("--faults", default="", help="comma-separated fault names, in order")
-    parser.add_argument("--slow-seconds", type=float, default=3.0)
-    args = parser.parse_args(argv)
-
-    stop = threading.Event()
-    threading.Thread(target=_watch_parent, args=(os.getppid(), stop), daemon=True,
-                     name="warehouse-parent-watch").start()
-    try:
-        from labkit.limits import limit_resources
-
-        limit_resources()  # the student's receive runs in this process
-        module = _import_worker(args.module)
-    except BaseException as exc:  # the student's import may raise anything, even SystemExit
-        _write_ready(args.ready, {"error": _describe(exc)})
-        return 3
-    # Only now: during the import the default SIGTERM simply ends us (nothing to close yet),
-    # and installing after it overrides any handler the module installed.
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
-    try:
-        faults = [f.strip() for f in args.faults.split(",") if f.strip()]
-        warehouse = start_warehouse(args.log, faults, receive=module.receive,
-                                    open_sink=module.open_sink, sink_path=args.sink,
-                                    slow_seconds=args.slow_seconds)
-    except Exception as exc:  # reported through the ready file, like an import error
-        _write_ready(args.ready, {"error": _describe(exc)})
-        return 2
-    with warehouse:
-        _write_ready(args.ready, {"port": warehouse.port, "url": warehouse.url})
-        while not stop.wait(0.2):  # timed, so the main thread keeps running signal handlers
-            pass
-    return 0
-
-
-def _watch_parent(parent: int, stop: threading.Event) -> None:
-    # We run in our own session, out of reach of the judge's group kills: if the judge dies
-    # (we get re-parented), stop serving; if that does not end us in 2 s (say the student's
-    # import hangs), exit hard.
-    while os.getppid() == parent:
-        time.sleep(0.2)
-    stop.set()
-    time.sleep(2.0)
-    os._exit(70)
-
-
-@dataclass
 class WarehouseProcess:
-    """A warehouse running in a child process (its own session); close() ends the group."""
+    """A warehouse whose `receive` is the student's, run in a judged child.
 
-    proc: subprocess.Popen
-    url: str
-    port: int
-    log_path: Path
-    _closed: bool = field(default=False, repr=False)
-    _box: Any = field(default=None, repr=False)  # its sandbox (labkit.sandbox), closed with it
-    marker: str | None = field(default=None, repr=False)
+    The HTTP front (port, faults, log) is the judge's own (`Warehouse`); `proc` is the child
+    that runs `open_sink` + `receive`. `close()` SIGKILLs the child's whole sandbox from outside
+    first (`child.kill_sandbox`: no atexit or handler of the student's module runs before the
+    judge reads the sink), then stops the front. `stdout`/`stderr`: what the child printed
+    (capped), once closed.
+    """
+
+    def __init__(self, front: Warehouse, session: Any, stack: contextlib.ExitStack, marker: str) -> None:
+        self._front = front
+        self._session = session
+        self._stack = stack
+        self.marker = marker
+        self.url, self.port, self.log_path = front.url, front.port, front.log_path
+        self.proc: subprocess.Popen = session.proc
+        self.stdout = ""
+        self.stderr = ""
+        self._closed = False
 
     def requests(self) -> list[dict]:
-        return read_log(self.log_path)
+        return self._front.requests()
 
     def close(self) -> None:
-        """SIGKILL every process of the child's sandbox from outside (`child.kill_sandbox`), so no
-        atexit or signal handler of the student's module runs before the judge reads the sink;
-        then the group, as before. Idempotent."""
+        """Idempotent."""
         if self._closed:
             return
         self._closed = True
         from labkit.judge.child import kill_sandbox
 
-        kill_sandbox(self.proc, self.marker)
-        _stop_group(self.proc, grace=0.0)
-        if self._box is not None:
-            self._box.close(self.proc)
+        self._front._server.state.stopping.set()  # no new request is taken from here on
+        try:
+            kill_sandbox(self.proc, self.marker)
+        finally:
+            self._front.close()
+            self._stack.close()  # the session: its group and marked escapees, its output
+            self.stdout, self.stderr = self._session.run.stdout, self._session.run.stderr
 
     def __enter__(self) -> WarehouseProcess:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
-
-
-def _exited(proc: subprocess.Popen) -> bool:
-    """True once the child has exited, without reaping it: an unreaped child keeps its pid,
-    so the process group id cannot be reused before we signal the group."""
-    if proc.returncode is not None:
-        return True
-    try:
-        return os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
-    except ChildProcessError:
-        return True
-
-
-def _stop_group(proc: subprocess.Popen, grace: float) -> None:
-    if not _exited(proc):
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        while not _exited(proc) and time.monotonic() < deadline:
-            time.sleep(0.01)
-    # Whatever the leader did, anything it started in its group goes too.
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=2.0)  # SIGKILL cannot be ignored; the bound is only a safety net
-
-
-def _read_ready(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (FileNotFoundError, ValueError):
-        return None
 
 
 def spawn_warehouse(
@@ -805,69 +794,51 @@ def spawn_warehouse(
     *,
     slow_seconds: float = 3.0,
     marker: str | None = None,
+    module_name: str = "worker",
+    event_faults: dict[str, EventFault] | None = None,
+    receive_timeout: float = RECEIVE_TIMEOUT,
 ) -> WarehouseProcess:
-    """Run `python -m labkit.servers.warehouse` on the student's module in a new session and wait
-    (at most `ready_timeout`) until it serves. Raises WarehouseStartError if it does not."""
+    """Start the judge's front and a judged child that runs the student's `open_sink` and
+    `receive` (imported from `module_path`, in `workdir`), and wait at most `ready_timeout` until
+    the child has imported the module and found both functions. Raises WarehouseStartError
+    (saying whose fault it is) if it does not come up."""
+    from labkit.judge import reaper
+    from labkit.judge.child import child_session, last_line
+
     faults = _check_faults(faults)
-    workdir = Path(workdir).resolve()
-    ready = workdir / "warehouse-ready.json"
-    ready.unlink(missing_ok=True)
-    # Absolute paths: the child runs in workdir.
-    cmd = [
-        # -P: the child's cwd (the student's folder) must not shadow stdlib or labkit modules.
-        sys.executable, "-P", "-m", "labkit.servers.warehouse",
-        "--module", str(Path(module_path).resolve()),
-        "--sink", str(Path(sink_path).resolve()),
-        "--log", str(Path(log_path).resolve()),
-        "--ready", str(ready),
-        "--slow-seconds", repr(float(slow_seconds)),
-    ]
-    if faults:
-        cmd += ["--faults", ",".join(faults)]
-    from labkit.judge.child import child_env  # the same marker and paths as every judged child
-    from labkit.limits import RUN_MARKER
-    from labkit.sandbox.profiles import child_box  # the student's receive runs sandboxed too
-
-    env = child_env(marker) if marker else child_env("unmarked")
-    box = child_box(Path(module_path), workdir, {RUN_MARKER: env[RUN_MARKER]}, ("labkit.servers.warehouse",))
-    with open(workdir / "warehouse.stdout", "wb") as out, \
-            open(workdir / "warehouse.stderr", "wb") as err:
-        proc = box.spawn(cmd, cwd=workdir, env=env, stdin=subprocess.DEVNULL,
-                         stdout=out, stderr=err, start_new_session=True)
-
+    if (isinstance(slow_seconds, bool) or not isinstance(slow_seconds, (int, float))
+            or not math.isfinite(slow_seconds) or slow_seconds < 0):
+        raise ValueError(f"slow_seconds must be a finite number >= 0, got {slow_seconds!r}")
+    marker = marker or reaper.new_marker()
     deadline = time.monotonic() + ready_timeout
-    info = _read_ready(ready)
-    while info is None and not _exited(proc) and time.monotonic() < deadline:
-        time.sleep(0.01)
-        info = _read_ready(ready)
-    if info is None:
-        info = _read_ready(ready)  # the child may have written it just before exiting
-
-    if info is not None and "port" in info:
-        return WarehouseProcess(proc=proc, url=info["url"], port=int(info["port"]),
-                                log_path=Path(log_path), _box=box, marker=marker)
-    exited = _exited(proc)
-    _stop_group(proc, grace=0.0)
-    box.close(proc)
-    if info is not None and "error" in info:
-        kind = "worker module failed to import" if proc.returncode == 3 else "warehouse failed"
-        raise WarehouseStartError(f"{kind}: {info['error']}")
-    if exited:
-        tail = _tail(workdir / "warehouse.stderr")
-        raise WarehouseStartError(
-            f"warehouse process exited with code {proc.returncode} before it was ready"
-            + (f"; stderr ends with: {tail}" if tail else "")
-        )
-    raise WarehouseStartError(f"warehouse process was not ready within {ready_timeout} s")
-
-
-def _tail(path: Path, limit: int = 500) -> str:
+    stack = contextlib.ExitStack()
     try:
-        text = path.read_bytes()[-limit:].decode("utf-8", "replace")
-    except OSError:
-        return ""
-    return text.strip()
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+        session = stack.enter_context(child_session(
+            Path(module_path), workdir=Path(workdir), timeout=ready_timeout, marker=marker,
+            module_name=module_name, probe=CHILD_PROBE, args={"sink": str(Path(sink_path).resolve())}))
+        ready = session.call({}, timeout=max(0.1, deadline - time.monotonic())) if session.imported else None
+        if ready is None or ready.get("ready") is not True:
+            run, ended = session.run, session.ended or (ready or {}).get("outcome") or {}
+            ended = ended if isinstance(ended, dict) else {}
+            stack.close()  # collects what the child printed
+            if run.import_error is not None or ended.get("kind") == "aborted":
+                error = run.import_error or ended.get("error")
+                error = error if isinstance(error, dict) else {}
+                raise WarehouseStartError(f"worker module failed to import: {error.get('type', 'Error')}: "
+                                          f"{str(error.get('message', ''))[:MAX_ERROR_CHARS]}")
+            if ended.get("kind") == "died" or (run.exit_code is not None and not run.timed_out):
+                tail = last_line(run.stderr) if run.stderr.strip() else ""
+                raise WarehouseStartError(
+                    f"warehouse process exited with code {run.exit_code} before it was ready"
+                    + (f"; stderr ends with: {tail}" if tail else ""))
+            raise WarehouseStartError(f"warehouse process was not ready within {ready_timeout} s")
+        log_path = Path(log_path)
+        state = _State(log_path=log_path, log_fd=_open_log(log_path), faults=faults, receive=None,
+                       open_sink=None, sink_path=Path(sink_path), slow_seconds=float(slow_seconds),
+                       event_faults={str(k): _check_event_fault(v) for k, v in (event_faults or {}).items()},
+                       remote=_Remote(session, receive_timeout))
+        front = _launch(state)
+    except BaseException:
+        stack.close()
+        raise
+    return WarehouseProcess(front, session, stack, marker)
