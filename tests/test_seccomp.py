@@ -466,3 +466,41 @@ def test_a_failed_spawn_closes_the_filters_fd(tmp_path):
     with pytest.raises(OSError):
         box.spawn(["/usr/bin/true"], cwd=str(tmp_path / "does-not-exist"))
     assert _open_fds() <= before
+
+
+KERNEL_VIEW = r'''
+import ctypes, json, os, sys
+nr = json.loads(sys.argv[1])
+libc = ctypes.CDLL(None, use_errno=True)
+def errno_of(name, *args):
+    return 0 if libc.syscall(ctypes.c_long(nr[name]), *args) >= 0 else ctypes.get_errno()
+status = dict(line.split(":", 1) for line in open("/proc/self/status").read().splitlines() if ":" in line)
+root = sys.argv[2]
+print(json.dumps({
+    "uid": os.getuid(), "CapEff": status["CapEff"].strip(), "Seccomp": status["Seccomp"].strip(),
+    "keyctl": errno_of("keyctl", 0, -2, 0), "ptrace": errno_of("ptrace", 0x4206, 1, 0, 0),
+    "sys": os.path.exists("/sys"), "interfaces": sorted(os.listdir("/sys/class/net")) if os.path.exists("/sys/class/net") else
+        [l.split(":")[0].strip() for l in open("/proc/net/dev").read().splitlines()[2:]],
+    "processes": sorted(int(p) for p in os.listdir("/proc") if p.isdigit()),
+    "judge_only": {name: os.path.exists(os.path.join(root, name)) for name in
+                   ("checks/outbox.py", "checks/oracles", "checks/outbox_contract.py", "solutions", "notebooks")},
+}))
+'''
+
+
+def test_the_grading_kernels_box_holds_no_privilege_no_network_and_no_judge_file(tmp_path):
+    """The third kind of box, seen from inside: the kernel runs every cell of the notebook."""
+    _require_sandbox()
+    sockets = tmp_path / "sockets"
+    sockets.mkdir()
+    policy = profiles.kernel(sandbox.uid(), home="/tmp/home", sockets=sockets, lab="outbox", shown={},
+                             env={}, memory_bytes=512 * 1024 * 1024, file_bytes=64 * 1024 * 1024)
+    done, _ = _run(policy, [sys.executable, "-c", KERNEL_VIEW, json.dumps(_numbers()), str(profiles.ROOT)])
+    assert done.returncode == 0, done.stderr[-2000:]
+    found = json.loads(done.stdout)
+    assert found["uid"] == sandbox.uid() != 0
+    assert int(found["CapEff"], 16) == 0 and found["Seccomp"] == "2"
+    assert found["keyctl"] == errno.EPERM and found["ptrace"] == errno.EPERM
+    assert found["interfaces"] == ["lo"]
+    assert max(found["processes"]) < 10, found["processes"]  # its own pid namespace only
+    assert not any(found["judge_only"].values()), found["judge_only"]
