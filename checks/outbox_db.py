@@ -34,7 +34,7 @@ class Broken:
 
 
 def _connect(path: Path, timeout: float = 2.0) -> sqlite3.Connection:
-    con = sqlite3.connect(path, isolation_level=None, timeout=timeout)
+    con = stores.connect(path, timeout)  # refuses a link or FIFO in place of the file
     con.execute("PRAGMA synchronous = OFF")  # the judge's writes need no durability, only the locks
     return con
 
@@ -116,7 +116,7 @@ def accept_order(path: Path, event: dict) -> str:
 def _quick(path: Path) -> sqlite3.Connection:
     """For files the judge prepares before a child runs: no fsync, the journal in memory (per
     connection only: the file itself keeps the default rollback journal)."""
-    con = sqlite3.connect(path, isolation_level=None, timeout=2.0)
+    con = stores.connect(path)
     con.execute("PRAGMA synchronous = OFF")
     con.execute("PRAGMA journal_mode = MEMORY")
     return con

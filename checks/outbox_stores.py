@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 import sqlite3
 from contextlib import closing
 from pathlib import Path
@@ -19,7 +18,7 @@ from checks.outbox_common import (
     writable_after,
 )
 from checks.outbox_witness import Witness, asker_holds
-from labkit.judge import stores
+from labkit.judge import step_files, stores
 from labkit.judge.expect import (
     Miss,
     Plan,
@@ -54,7 +53,7 @@ def _columns(path: Path, table: str) -> list[tuple] | db.Broken:
 def _try_sql(path: Path, sql: str, params: tuple = ()) -> str:
     """Run one statement on a scratch copy's connection: '' when it worked, else the error."""
     try:
-        with closing(sqlite3.connect(path, isolation_level=None, timeout=2.0)) as con:
+        with closing(stores.connect(path)) as con:
             con.execute(sql, params)
         return ""
     except sqlite3.Error as exc:
@@ -64,7 +63,7 @@ def _try_sql(path: Path, sql: str, params: tuple = ()) -> str:
 def _scratch(path: Path, suffix: str) -> Path:
     """A copy of the student's file, for the judge's constraint experiments."""
     copy = path.with_name(f"{path.stem}-{suffix}.db")
-    shutil.copyfile(path, copy)
+    step_files.copy(path, copy, what="the database file")  # a link or FIFO there is refused, never followed
     return copy
 
 

@@ -221,7 +221,7 @@ def judged(record: dict) -> dict:
 
 def can_write(path: Path) -> bool:
     """Can the judge enter a write transaction on `path` right now? (A real lock test.)"""
-    with closing(sqlite3.connect(path, isolation_level=None, timeout=0.05)) as con:
+    with closing(stores.connect(path, 0.05)) as con:  # refuses a link or FIFO in place of the file
         try:
             con.execute("BEGIN IMMEDIATE")
         except sqlite3.OperationalError:
@@ -1666,7 +1666,7 @@ def committed_last(path: Path | None) -> int | None:
     if path is None:
         return None
     try:
-        with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=0.5)) as con:
+        with closing(stores.reader(path, 0.5)) as con:
             row = con.execute("SELECT last FROM checkpoint WHERE id = 1").fetchone()
     except sqlite3.Error:
         return None

@@ -10,6 +10,9 @@ import json
 import sqlite3
 from contextlib import closing
 from pathlib import Path
+from urllib.parse import quote
+
+from labkit.judge.step_files import check_db, db_state
 
 SOURCE_SCHEMA = """
 CREATE TABLE orders(id TEXT PRIMARY KEY, sku TEXT NOT NULL, qty INTEGER NOT NULL);
@@ -26,8 +29,24 @@ def canonical(event: dict) -> str:
     return json.dumps(event, sort_keys=True, separators=(",", ":"))
 
 
-def connect(path: Path) -> sqlite3.Connection:
-    return sqlite3.connect(path, isolation_level=None, timeout=2.0)
+def connect(path: Path, timeout: float = 2.0) -> sqlite3.Connection:
+    """The judge's read-write connection to a DB file (it writes, takes locks, rolls back a hot
+    journal). The file and its journal are checked first (`step_files.check_db`): a link, FIFO or
+    folder a child put in their place is refused (`DatabaseRefused`, an sqlite3.Error), never followed."""
+    check_db(path)
+    return sqlite3.connect(path, isolation_level=None, timeout=timeout)
+
+
+def reader(path: Path, timeout: float = 2.0) -> sqlite3.Connection:
+    """The judge's connection for a pure read: checked as `connect` checks, and read-only
+    (`mode=ro`) unless the file needs a writer to be read at all (a rollback journal or WAL
+    beside it, or WAL mode) or is missing (SQLite then makes an empty one, as it always did)."""
+    check_db(path)
+    side, wal = db_state(path)
+    if side or wal or not Path(path).exists():
+        return sqlite3.connect(path, isolation_level=None, timeout=timeout)
+    uri = f"file:{quote(str(Path(path).absolute()))}?mode=ro"
+    return sqlite3.connect(uri, uri=True, isolation_level=None, timeout=timeout)
 
 
 def make_source(path: Path, events: list[dict] = (), sent: set[str] = frozenset()) -> Path:
@@ -52,7 +71,7 @@ def execute(path: Path, sql: str) -> None:
 
 
 def rows(path: Path, sql: str, params: tuple = ()) -> list[tuple]:
-    with closing(connect(path)) as con:
+    with closing(reader(path)) as con:
         return con.execute(sql, params).fetchall()
 
 
@@ -83,6 +102,6 @@ def columns(path: Path, table: str) -> list[tuple]:
 
 def fingerprint(path: Path) -> list:
     """Everything in every table: equal fingerprints mean nothing changed."""
-    with closing(connect(path)) as con:
+    with closing(reader(path)) as con:
         names = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table' ORDER BY name")]
         return [(n, con.execute(f"SELECT * FROM {n} ORDER BY 1").fetchall()) for n in names]
