@@ -10,8 +10,7 @@ process could have touched. The step folder it binds into a child is a directory
 opened and sent (`bwrap --bind-fd`); the child's stdio and private pipes are fds the judge sent;
 the network and pid namespaces it puts the child in are the judge's, opened once at the start
 from the judge's own pid (`/proc/<pid>/ns/*`: kernel objects, not files anyone can replace).
-What it does refuse: any request outside the policy — another program than the probe or the
-warehouse, a course module outside `labkit/`, a step folder outside the judge's /tmp, more
+What it does refuse: any request outside the policy — another program than the probe, a course module outside `labkit/`, a step folder outside the judge's /tmp, more
 children at once than `MAX_BOXES`, a malformed or oversized message.
 
 Requests (one SOCK_SEQPACKET datagram each, JSON, fds attached) and replies:
@@ -44,7 +43,7 @@ MAX_MESSAGE = 256 * 1024
 MAX_FDS = 16
 MAX_BOXES = 64  # children alive at once, per judge
 START_TIMEOUT = 20.0  # for bwrap to report its first process
-PROGRAMS = ("labkit.probe.main", "labkit.servers.warehouse")
+PROGRAMS = ("labkit.probe.main",)  # every judged child, the warehouse's receive included
 FD_ENV = "LABKIT_LAUNCHER_FD"  # in the judge: the fd of its end of the socket pair
 
 
@@ -183,10 +182,9 @@ class Launcher:
 
         argv, env, workdir = request.get("argv"), request.get("env"), request.get("workdir")
         code_modules, fd_env = request.get("code_modules", []), request.get("fd_env", {})
-        if not (isinstance(argv, list) and len(argv) >= 4 and argv[:3] == [sys.executable, "-P", "-m"]
-                and argv[3] in PROGRAMS and (len(argv) == 4 or argv[3] == "labkit.servers.warehouse")
-                and all(isinstance(a, str) and "\0" not in a for a in argv)):
-            raise Refused("only the course's probe or warehouse may be started")
+        if not (isinstance(argv, list) and len(argv) == 4 and argv[:3] == [sys.executable, "-P", "-m"]
+                and argv[3] in PROGRAMS):
+            raise Refused("only the course's probe may be started")
         if not (isinstance(env, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())):
             raise Refused("the environment must map text to text")
         if not (isinstance(workdir, str) and _inside(workdir, self.judge_tmp)):
