@@ -77,6 +77,7 @@ class Launcher:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _send_lock: threading.Lock = field(default_factory=threading.Lock)
     _thread: threading.Thread | None = None
+    _reapers: list[threading.Thread] = field(default_factory=list)
     _closed: bool = False
 
     @classmethod
@@ -115,6 +116,8 @@ class Launcher:
             child.box.close(child.proc)
         if self._thread is not None:
             self._thread.join(timeout=10)
+        for reaper in self._reapers:  # each closes its box: cgroups removed, orphans collected
+            reaper.join(timeout=15)
         for fd in (self.netns, self.pidns, self.mntns):
             if fd is not None:
                 os.close(fd)
@@ -139,8 +142,7 @@ class Launcher:
                 if not isinstance(request, dict):
                     raise Refused("a request is a JSON object")
                 reply["rid"] = request.get("rid")
-                reply.update(self._handle(request, fds))
-                fds = []  # handed to the child's spawn, which closes them
+                reply.update(self._handle(request, fds))  # a spawn takes (and empties) `fds`
             except Refused as exc:
                 reply["error"] = str(exc)
             except (ValueError, RecursionError, TypeError, KeyError) as exc:
@@ -163,6 +165,8 @@ class Launcher:
         op = request.get("op")
         if op == "spawn":
             return self._spawn(request, fds)
+        if op not in ("kill", "stop", "cont", "pids"):
+            raise Refused(f"unknown request {op!r}")
         if fds:
             raise Refused(f"{op!r} takes no fds")
         child = self.children.get(request.get("box"))
@@ -173,9 +177,7 @@ class Launcher:
         if op in ("stop", "cont"):
             child.box.signal(signal.SIGSTOP if op == "stop" else signal.SIGCONT)
             return {"ok": True}
-        if op == "pids":
-            return {"pids": [p for p in (self._judge_pid(h) for h in child.box.program_pids()) if p is not None]}
-        raise Refused(f"unknown request {op!r}")
+        return {"pids": [p for p in (self._judge_pid(h) for h in child.box.program_pids()) if p is not None]}
 
     def _spawn(self, request: dict, fds: list[int]) -> dict:
         from labkit.sandbox import profiles
@@ -201,23 +203,29 @@ class Launcher:
                 raise Refused(f"more than {MAX_BOXES} children at once")
             self._next += 1
             number = self._next
-        stdin, stdout, stderr, folder, *passed = fds
+        taken = fds[:]
+        del fds[:]  # ours now: closed below, whatever happens
+        stdin, stdout, stderr, folder, *passed = taken
         env = {**env, **{key: str(passed[index]) for key, index in fd_env.items()}}
-        policy = profiles.launched_child(self.uid, module=self.module, workdir=Path(workdir),
-                                         code_modules=tuple(code_modules), env=env)
-        box = Box.open(policy, self.hierarchy, chown_writable=False)
-        box.bound_fds = {workdir: folder}
-        box.netns_fd, box.pidns_fd, box.mntns_fd = self.netns, self.pidns, self.mntns
         try:
+            policy = profiles.launched_child(self.uid, module=self.module, workdir=Path(workdir),
+                                             code_modules=tuple(code_modules), env=env)
+            if [str(path) for path in policy.writable] != [workdir]:  # only ever the fd's folder
+                raise Refused("a child may write its step folder only")
+            box = Box.open(policy, self.hierarchy, chown_writable=False)
+            box.bound_fds = {workdir: folder}
+            box.netns_fd, box.pidns_fd, box.mntns_fd = self.netns, self.pidns, self.mntns
             proc = box.spawn(argv, stdin=stdin, stdout=stdout, stderr=stderr, pass_fds=tuple(passed))
         finally:
-            for fd in fds:
+            for fd in taken:
                 os.close(fd)
         judge_pid = box.wait_child_pid(START_TIMEOUT)  # numbered in the judge's pid namespace
         child = _Child(box, proc, judge_pid)
         with self._lock:
             self.children[number] = child
-        threading.Thread(target=self._reap, args=(number, child), daemon=True).start()
+        reaper = threading.Thread(target=self._reap, args=(number, child), daemon=True)
+        reaper.start()
+        self._reapers.append(reaper)
         return {"box": number, "pid": judge_pid}
 
     def _judge_pid(self, host_pid: int) -> int | None:

@@ -165,8 +165,11 @@ def launched_child(uid: int, *, module: Path, workdir: Path, code_modules: tuple
     """A judge's child as the launcher makes it: `child`, but the module is shown from the
     grader's own copy (readable, outside every box) and the step folder is bound from the
     directory fd the judge sent (`Box.bound_fds`): nothing is copied into or read from it."""
-    policy = child(uid, module=module, workdir=workdir, code_modules=code_modules, env=env)
-    return dataclasses.replace(policy, mapped=(), read_only=(*policy.read_only, Path(module).resolve()))
+    policy = child(uid, module=module, workdir=Path("/"), code_modules=code_modules, env=env)
+    # The step folder's path is the judge's, named in its request: used as text, never resolved
+    # here (the launcher's view of the filesystem is not the judge's, and root follows links).
+    return dataclasses.replace(policy, mapped=(), read_only=(*policy.read_only, Path(module).resolve()),
+                               writable=(Path(workdir),), cwd=Path(workdir))
 
 
 def judge_box(uid: int, *, module: Path, tmp: str, env: dict[str, str], tables: Path | None = None) -> Policy:

@@ -1,0 +1,173 @@
+"""The launcher, as a judge would use it: what it starts, what it refuses, what it leaves.
+
+The launcher here serves this test process as its "judge" (our own namespaces, our numbering
+of pids), over the same socket pair and the same client (`labkit.sandbox.remote`) a judge in
+its box uses. Each refusal is a request a compromised judge could send; the deputy test
+swaps the step folder's path for a link between the judge opening it and the launcher
+binding it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+import pytest
+
+from labkit import sandbox
+from labkit.sandbox import launcher, remote
+
+ROOT = Path(__file__).resolve().parents[1]
+PROBE = [sys.executable, "-P", "-m", "labkit.probe.main"]
+
+
+@pytest.fixture
+def served(tmp_path):
+    found = sandbox.support()
+    if not found.ok:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must be able to sandbox: {found.reason}")
+        pytest.skip(f"no sandbox here: {found.reason}")
+    folder = Path(tempfile.mkdtemp(prefix="labkit-launcher-test-", dir="/tmp"))
+    folder.chmod(0o755)
+    module = folder / "worker.py"
+    module.write_text("import os\nopen('written-by-the-child', 'w').write(str(os.getuid()))\n")
+    serving = launcher.Launcher.pair(sandbox.uid(), module, found.cgroups, "/tmp")
+    serving.level = 0  # the "judge" is this process: the host's numbering
+    for name in ("net", "pid", "mnt"):
+        setattr(serving, f"{name}ns", os.open(f"/proc/self/ns/{name}", os.O_RDONLY | os.O_CLOEXEC))
+    serving._thread = threading.Thread(target=serving._serve, daemon=True)
+    serving._thread.start()
+    conn = remote._Connection(serving.judge_end).start()
+    step = folder / "step"
+    step.mkdir()
+    os.chown(step, sandbox.uid(), sandbox.uid())
+    yield serving, conn, module, step
+    serving.close()
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def _run(conn, module: Path, step: Path, timeout: float = 60):
+    """Start the probe for `module` in `step`, as `child.spawn` does; wait for its end."""
+    box = remote.RemoteBox(conn)
+    result_r, result_w = os.pipe()
+    with open(step.parent / "out", "wb") as out, open(step.parent / "err", "wb") as err:
+        proc = box.spawn(PROBE, stdin=subprocess.PIPE, stdout=out, stderr=err, cwd=step,
+                         env={"LABKIT_RESULT_FD": str(result_w)}, pass_fds=(result_w,))
+    os.close(result_w)
+    proc.stdin.write(json.dumps({"module": str(module), "module_name": "worker",
+                                 "probe": "labkit.probe:noop", "args": {}}).encode())
+    proc.stdin.close()
+    code = proc.wait(timeout)
+    with os.fdopen(result_r, "rb") as results:
+        records = results.read()
+    return proc, code, records
+
+
+def test_a_probe_child_runs_as_the_jobs_uid_in_the_folder_it_was_sent(served):
+    _, conn, module, step = served
+    proc, code, records = _run(conn, module, step)
+    assert code == 0, (step.parent / "err").read_text()[-2000:]
+    assert b'"imported"' in records
+    assert (step / "written-by-the-child").read_text() == str(sandbox.uid())
+    assert proc.sandbox_report.outcome == sandbox.Outcome.OK
+
+
+def test_a_link_swapped_in_after_the_judge_opened_the_folder_is_never_followed(served):
+    """The judge opens the step folder; a child of an earlier step could not touch its path,
+    but suppose the path now names a link to /etc: the launcher binds the folder the fd is."""
+    _, conn, module, step = served
+    box = remote.RemoteBox(conn)
+    moved = step.parent / "step-moved"
+    real_open = os.open
+
+    def open_then_swap(path, flags, *args, **kwargs):
+        fd = real_open(path, flags, *args, **kwargs)
+        if str(path) == str(step):
+            os.rename(step, moved)
+            os.symlink("/etc", step)
+        return fd
+
+    result_r, result_w = os.pipe()
+    os.open = open_then_swap
+    try:
+        with open(step.parent / "err", "wb") as err:
+            proc = box.spawn(PROBE, stdin=subprocess.PIPE, stdout=err, stderr=err, cwd=step,
+                             env={"LABKIT_RESULT_FD": str(result_w)}, pass_fds=(result_w,))
+    finally:
+        os.open = real_open
+        os.close(result_w)
+    proc.stdin.write(json.dumps({"module": str(module), "module_name": "worker",
+                                 "probe": "labkit.probe:noop", "args": {}}).encode())
+    proc.stdin.close()
+    code = proc.wait(60)
+    with os.fdopen(result_r, "rb") as results:
+        records = results.read()
+    assert code == 0 and b'"imported"' in records, (code, records, (step.parent / "err").read_text()[-2000:])
+    assert step.is_symlink()
+    assert (moved / "written-by-the-child").exists()
+    assert not Path("/etc/written-by-the-child").exists()
+
+
+@pytest.mark.parametrize("change, refusal", [
+    ({"argv": [sys.executable, "-c", "print('anything')"]}, "only the course's probe"),
+    ({"argv": ["/bin/sh", "-P", "-m", "labkit.probe.main"]}, "only the course's probe"),
+    ({"workdir": "/etc"}, "inside the judge's /tmp"),
+    ({"workdir": "/tmp/../etc"}, "inside the judge's /tmp"),
+    ({"code_modules": ["checks.oracles.outbox"]}, "only modules of labkit/"),
+    ({"env": {"A": 1}}, "text to text"),
+    ({"fd_env": {"LABKIT_RESULT_FD": 3}}, "fds:"),
+    ({"op": "format the disk"}, "unknown request"),
+])
+def test_the_launcher_refuses_what_the_policy_does_not_allow(served, change, refusal):
+    serving, conn, _module, step = served
+    request = {"op": "spawn", "argv": PROBE, "env": {}, "workdir": str(step), "code_modules": [],
+               "fd_env": {}, **change}
+    fds = [os.open(os.devnull, os.O_RDONLY) for _ in range(3)] + [os.open(step, os.O_RDONLY | os.O_DIRECTORY)]
+    try:
+        with pytest.raises(remote.LauncherGone, match=refusal):
+            conn.ask(request, fds if request["op"] == "spawn" else [])
+    finally:
+        for fd in fds:
+            os.close(fd)
+    assert not serving.children  # nothing was started
+
+
+def test_a_malformed_message_is_answered_and_the_launcher_keeps_serving(served):
+    serving, conn, module, step = served
+    conn.sock.send(b"[" * 100_000)  # deep: a recursive parser would fail, not answer
+    conn.sock.send(b"\xff not json")
+    _, code, _ = _run(conn, module, step)
+    assert code == 0
+    assert serving._thread.is_alive()
+
+
+def test_closing_the_launcher_ends_every_child_and_leaves_no_cgroup(served):
+    serving, conn, module, step = served
+    module.write_text("import time\ntime.sleep(600)\n")
+    box = remote.RemoteBox(conn)
+    with open(os.devnull, "wb") as sink:
+        proc = box.spawn(PROBE, stdin=subprocess.PIPE, stdout=sink, stderr=sink, cwd=step, env={})
+    proc.stdin.write(json.dumps({"module": str(module), "module_name": "worker",
+                                 "probe": "labkit.probe:noop", "args": {}}).encode())
+    proc.stdin.close()
+    groups = [list(child.box.group.paths.values()) for child in serving.children.values() if child.box.group]
+    assert proc.poll() is None and groups
+    serving.close()
+    assert proc.wait(30) is not None
+    assert not any(path.exists() for paths in groups for path in paths)
+    leftover = [p for p in os.listdir("/proc") if p.isdigit() and _uid_of(p) == sandbox.uid()]
+    assert not leftover
+
+
+def _uid_of(pid: str) -> int | None:
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return None
