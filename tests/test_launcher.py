@@ -16,11 +16,14 @@ import subprocess
 import sys
 import tempfile
 import threading
+import uuid
 from pathlib import Path
 
 import pytest
 
 from labkit import sandbox
+from labkit.judge import reaper
+from labkit.limits import RUN_MARKER
 from labkit.sandbox import launcher, remote
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -151,23 +154,16 @@ def test_a_malformed_message_is_answered_and_the_launcher_keeps_serving(served):
 def test_closing_the_launcher_ends_every_child_and_leaves_no_cgroup(served):
     serving, conn, module, step = served
     module.write_text("import time\ntime.sleep(600)\n")
+    marker = f"launcher-close-{uuid.uuid4().hex}"
     box = remote.RemoteBox(conn)
     with open(os.devnull, "wb") as sink:
-        proc = box.spawn(PROBE, stdin=subprocess.PIPE, stdout=sink, stderr=sink, cwd=step, env={})
+        proc = box.spawn(PROBE, stdin=subprocess.PIPE, stdout=sink, stderr=sink, cwd=step, env={RUN_MARKER: marker})
     proc.stdin.write(json.dumps({"module": str(module), "module_name": "worker",
                                  "probe": "labkit.probe:noop", "args": {}}).encode())
     proc.stdin.close()
     groups = [list(child.box.group.paths.values()) for child in serving.children.values() if child.box.group]
-    assert proc.poll() is None and groups
+    assert proc.poll() is None and groups and reaper.marked_pids(marker)
     serving.close()
     assert proc.wait(30) is not None
     assert not any(path.exists() for paths in groups for path in paths)
-    leftover = [p for p in os.listdir("/proc") if p.isdigit() and _uid_of(p) == sandbox.uid()]
-    assert not leftover
-
-
-def _uid_of(pid: str) -> int | None:
-    try:
-        return os.stat(f"/proc/{pid}").st_uid
-    except OSError:
-        return None
+    assert not reaper.marked_pids(marker)
