@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -162,6 +163,9 @@ def test_closing_the_launcher_ends_every_child_and_leaves_no_cgroup(served):
                                  "probe": "labkit.probe:noop", "args": {}}).encode())
     proc.stdin.close()
     groups = [list(child.box.group.paths.values()) for child in serving.children.values() if child.box.group]
+    deadline = time.monotonic() + 20
+    while not reaper.marked_pids(marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert proc.poll() is None and groups and reaper.marked_pids(marker)
     serving.close()
     assert proc.wait(30) is not None
