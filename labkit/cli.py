@@ -138,7 +138,8 @@ def run_start(args: argparse.Namespace, extra: list[str]) -> int:
         return 0
     command = workspace.jupyter_command(folder, first, extra)
     print("Starting JupyterLab (stop it with Ctrl-C) …", flush=True)
-    os.execv(command[0], command)  # JupyterLab takes over this process: Ctrl-C and kill reach it
+    env = workspace.jupyter_env(folder)  # every kernel of the workspace knows `%%step` from its start
+    os.execve(command[0], command, env)  # JupyterLab takes over this process: Ctrl-C and kill reach it
     return 1  # not reached
 
 

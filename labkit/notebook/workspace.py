@@ -151,6 +151,32 @@ def lab_settings(workspace: Path) -> dict[str, Path]:
             "workspaces_dir": base / "lab-layouts"}
 
 
+KERNEL_EXTENSION = "labkit.notebook.kernel"
+
+
+def kernel_spec(workspace: Path) -> Path:
+    """The course's own `python3` kernel spec, in the workspace (hidden): ipykernel with the
+    course's extension, so `%%step` works in every kernel from its start, also after Kernel →
+    Restart and before the setup cell. Returns the folder to put first on JUPYTER_PATH."""
+    import json
+    import sys
+
+    from ipykernel.kernelspec import get_kernel_dict
+
+    base = workspace / HIDDEN / "jupyter"
+    spec = get_kernel_dict()
+    spec["argv"] = [sys.executable, *spec["argv"][1:], f"--IPKernelApp.extra_extensions={KERNEL_EXTENSION}"]
+    write_atomic(base / "kernels" / "python3" / "kernel.json", json.dumps(spec, indent=1) + "\n")
+    return base
+
+
+def jupyter_env(workspace: Path, environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment JupyterLab starts with: the course's kernel spec found first."""
+    env = dict(os.environ if environ is None else environ)
+    env["JUPYTER_PATH"] = os.pathsep.join(filter(None, [str(kernel_spec(workspace)), env.get("JUPYTER_PATH")]))
+    return env
+
+
 def jupyter_command(workspace: Path, first_start: bool, extra: list[str]) -> list[str]:
     """The JupyterLab command line for this workspace; `extra` arguments go to JupyterLab."""
     import sys
