@@ -112,3 +112,24 @@ def test_a_notebook_edited_after_the_save_is_flagged_but_not_one_saved_before(tm
     os.utime(path, (time.time() + 5, time.time() + 5))  # written after the save, and different
     warning = attempts.provenance(work, "outbox", "3", saved, path)[1]
     assert "`%%step 3` cell has changed since you last ran it" in warning
+
+
+def test_an_import_that_never_finishes_names_the_step_cell_and_line(tmp_path, judge_tmp):
+    from labkit.judge import child, expect, reaper
+
+    parts = {"header": "import time\n", "4": "def ready():\n    return True\n\nwhile True:\n    time.sleep(0.05)\n"}
+    module = tmp_path / "worker.py"
+    module.write_text(module_export.assemble(parts))
+    marker = reaper.new_marker()
+    try:
+        run = child.run_child(module, "labkit.probe:noop", {}, workdir=tmp_path, timeout=3.0, marker=marker,
+                              module_name="worker")
+    finally:
+        reaper.kill_marked(marker)
+    assert run.timed_out
+    got, hint, _ = expect.import_problem(run, 3.0)
+    assert got.startswith("importing your module did not finish within 3 s: it was running line ")
+    assert got.endswith(" of worker.py: `time.sleep(0.05)`") or got.endswith(" of worker.py: `while True:`"), got
+    shown = module_export.in_cell_terms(got, "worker.py", parts)
+    assert "it was running your `%%step 4` cell, line 6: `time.sleep(0.05)`" in shown \
+        or "it was running your `%%step 4` cell, line 5: `while True:`" in shown, shown

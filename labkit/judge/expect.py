@@ -273,7 +273,16 @@ def import_problem(run: ChildRun, timeout: float) -> tuple[str, str, str]:
                 "Not your code: the checker itself failed to start. Run the check again; if this "
                 "persists, please report it with the line above.", "")
     if run.timed_out:
-        return (f"importing your module did not finish within {timeout:g} s",
-                "Code at the top level of a cell runs on import: move experiments out of step cells.", "")
+        spots = [r for r in run.records if r.get("event") == "importing_at" and isinstance(r.get("line"), int)]
+        if not spots:
+            return (f"importing your module did not finish within {timeout:g} s",
+                    "Code at the top level of a cell runs on import: move experiments out of step cells.", "")
+        line, code = spots[-1]["line"], str(spots[-1].get("code", ""))[:200]
+        # "line N of worker.py" is turned into the student's cell and line by the kernel
+        # (`module_export.in_cell_terms`), which knows which step cell each module line came from.
+        return (f"importing your module did not finish within {timeout:g} s: it was running "
+                f"line {line} of {str(spots[-1].get('file', 'your module'))[:100]}" + (f": `{code}`" if code else ""),
+                "Code at the top level of a step cell runs every time your module is imported: keep loops "
+                "and waits inside functions.", "")
     return (f"the process died while importing your module (exit code {run.exit_code})",
             "Code at the top level of a step cell ran os._exit or crashed the interpreter.", "")

@@ -172,7 +172,14 @@ def in_cell_terms(trace: str, module_file: str, parts: dict[str, str]) -> str:
         part, line = found
         return f"{cell_name(part)}, line {line}"
 
-    return pattern.sub(point, trace)
+    # `expect.import_problem`'s "line N of worker.py" (an import that never finished) too
+    of_module = re.compile(r"\bline (\d+) of " + re.escape(module_file) + r"\b")
+
+    def point_of(match: re.Match) -> str:
+        found = where(parts, int(match.group(1)))
+        return match.group(0) if found is None else f"{cell_name(found[0])}, line {found[1]}"
+
+    return of_module.sub(point_of, pattern.sub(point, trace))
 
 
 # --- the work folder ----------------------------------------------------------------------

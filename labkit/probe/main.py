@@ -27,6 +27,49 @@ def load_module(path: str, name: str):
     return module
 
 
+def watch_import(module_path: str, every: float = 0.5):
+    """While the student's module imports, note where its top-level code is (a daemon thread
+    sampling the main thread's stack every `every` s): if the import never finishes, the judge
+    names the line it was running (`expect.import_problem`). Returns a function that stops it.
+    A module that holds the GIL in C code the whole time simply leaves no note."""
+    import linecache
+    import threading
+
+    target = os.path.realpath(module_path)
+    main_id = threading.get_ident()
+    stop = threading.Event()
+
+    def where() -> tuple[int, str] | None:
+        frame = sys._current_frames().get(main_id)
+        found = None
+        while frame is not None:  # the innermost frame of the student's file
+            if found is None and os.path.realpath(frame.f_code.co_filename) == target:
+                found = (frame.f_lineno, linecache.getline(target, frame.f_lineno).strip()[:200])
+            frame = frame.f_back
+        return found
+
+    def sample() -> None:
+        last = None
+        while not stop.wait(every):
+            spot = where()
+            if spot is not None and spot != last and not stop.is_set():
+                last = spot
+                probe.emit({"event": "importing_at", "line": spot[0], "code": spot[1],
+                            "file": os.path.basename(module_path)})
+
+    thread = threading.Thread(target=sample, name="labkit-import-watch", daemon=True)
+    try:
+        thread.start()
+    except RuntimeError:  # no thread to spare under the process limit: no note, nothing else lost
+        return lambda: None
+
+    def done() -> None:
+        stop.set()
+        thread.join(timeout=2 * every)
+
+    return done
+
+
 def main() -> int:
     from labkit.limits import limit_resources
 
@@ -36,11 +79,14 @@ def main() -> int:
     target_module, _, target_name = request["probe"].partition(":")
     runner = getattr(importlib.import_module(target_module), target_name)
     probe.emit({"event": "importing"})
+    stop_watching = watch_import(request["module"])
     try:
         module = load_module(request["module"], request["module_name"])
     except BaseException as exc:  # SyntaxError, SystemExit, KeyboardInterrupt: all are verdicts
+        stop_watching()
         probe.emit({"event": "import_failed", "error": probe.describe_exception(exc)})
         return 3
+    stop_watching()
     probe.emit({"event": "imported"})
     try:
         runner(module, request.get("args", {}))
