@@ -152,7 +152,8 @@ def check_validate(ctx: StepContext) -> list[Case]:
     for clause, label, tries, hint in groups:
         verb = "each accepted" if all(t.accept for t in tries) else "ValueError for each" if not any(
             t.accept for t in tries) else "accepted or ValueError as labelled"
-        called = "validate_event(" + ", ".join(show(t.value, 60) for t in tries[:2]) + (", …" if len(tries) > 2 else "") + ")"
+        # one call per input, shown as separate calls: `validate_event(a); validate_event(b); …`
+        called = "; ".join(f"validate_event({show(t.value, 60)})" for t in tries[:2]) + ("; …" if len(tries) > 2 else "")
         plans.append(Plan(label, called, verb, under(clause, _each_call(tries, hint)), hint, clauses=(clause,)))
         specs.append({"name": label, "inputs": [encode(t.value) for t in tries]})
     for plan in plans:  # every call also checks these two: the case says so

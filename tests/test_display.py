@@ -234,17 +234,18 @@ def test_a_one_sentence_hint_waits_behind_a_generic_nudge_for_its_outcome():
     assert nudge == render_html.NUDGE[Outcome.TIMED_OUT] and more == "Look for a wait without a timeout."
 
 
-def test_static_html_opens_the_first_failing_case_and_hides_the_specific_hint():
+def test_static_html_opens_the_first_failing_case_with_its_specific_hint():
     step = StepVerdict(4, "pending", 1, [
         Case("ok", Outcome.PASSED),
         Case("first", Outcome.WRONG, "pending(con, 16)", "[a, b]", "[b, a]", "Use `ORDER BY seq`, never by id."),
         Case("second", Outcome.WRONG, "pending(con, 2)", "[a]", "[b]", "Unsent rows only."),
     ])
     html = render_html.render_step(step)
-    # Every failing case is a <details>; only the first failing one is open.
-    rows = re.findall(r'<details class="lk-case"( open)?><summary><span class="lk-bad">✗</span> (\w+)</summary>', html)
+    # Every failing cause is a <details>; only the first one is open; its specific hint is inline
+    # (tests/test_grouping.py: how cases fold by cause).
+    rows = re.findall(r'<details class="lk-case"( open)?><summary><span class="lk-bad">✗</span> (\w+)', html)
     assert rows == [(" open", "first"), ("", "second")]
-    assert '<details class="lk-more"><summary>more help</summary><div>Use `ORDER BY seq`' in html
+    assert '<div class="lk-nudge">Use <code>ORDER BY seq</code>, never by id.</div>' in html
 
 
 def test_the_live_panel_opens_the_first_failing_case_only():

@@ -302,6 +302,7 @@ def _failing_case(finding: Finding, name: str, show_call: Callable[..., str],
 
 
 NOT_JUDGED = "not judged: the fixed cases above fail; fix them first"
+NOT_JUDGED_HINT = "The generated inputs are tried once every fixed case above passes: fix those first."
 
 
 def after_fixed(fixed: list[Case], name: str, called: str, run: Callable[[], list[Case]]) -> list[Case]:
@@ -312,7 +313,8 @@ def after_fixed(fixed: list[Case], name: str, called: str, run: Callable[[], lis
     """
     if all(case.passed for case in fixed):
         return fixed + run()
-    return fixed + [Case(name, Outcome.NOT_REACHED, called, "the contract's outcome for each", NOT_JUDGED)]
+    return fixed + [Case(name, Outcome.NOT_REACHED, called, "the contract's outcome for each", NOT_JUDGED,
+                         NOT_JUDGED_HINT)]
 
 
 def warm_unicode_tables() -> Path | None:

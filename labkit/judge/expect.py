@@ -221,9 +221,10 @@ def judge(run: ChildRun, plans: list[Plan], timeout: float) -> list[Case]:
 
 
 def _unreported(run: ChildRun, plan: Plan, stuck: str | None, timeout: float) -> Case:
-    if plan.name != stuck:
+    if plan.name != stuck:  # say what happened to the case that stopped the child, never more
+        what = "hung" if run.timed_out else "ended the process"
         return Case(plan.name, Outcome.NOT_REACHED, plan.called, plan.expected,
-                    "not run: an earlier case in this step hung or ended the process")
+                    f"not run: an earlier case in this step {what}" + (f" ({stuck})" if stuck else ""))
     if run.timed_out:
         ended = {"kind": "timed_out", "seconds": timeout}
     elif run.aborted is not None:

@@ -1,8 +1,10 @@
 """A verdict as static HTML: for exported notebooks and feedback pages (no kernel, no JavaScript).
 
-Everything interactive is plain HTML: a failing case is a `<details>` (the first one open), the
-specific hint sits behind a "more help" `<details>`. The live widget (`labkit.views.widgets`) shows
-the same parts; the two are kept apart so a page without a kernel still reads well.
+Everything interactive is plain HTML. Failing cases are folded by cause (`labkit.views.grouping`):
+one `<details>` per cause (the first one open) shows its leading case in full with its specific
+hint, then "N more fail the same way" as a `<details>` of its own. The live widget
+(`labkit.views.widgets`) shows the same parts; the two are kept apart so a page without a kernel
+still reads well. Hints render `code` spans; values show spaces that matter (`visible`).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import re
 from html import escape
 
 from labkit.judge.verdict import Case, Evidence, LabVerdict, Outcome, StepVerdict
-from labkit.views import timeline_svg
+from labkit.views import grouping, timeline_svg
 from labkit.views.standing import NOTEBOOK, Standing, is_calm, standing
 
 # The first nudge when a hint is a single sentence: what kind of problem this is, per outcome.
@@ -23,8 +25,35 @@ NUDGE = {
     Outcome.IMPORT_FAILED: "Your module does not load, so no case could run.",
     Outcome.MISSING: "The check could not find this function in your module.",
     Outcome.NOT_IMPLEMENTED: "This step is still the skeleton.",
-    Outcome.NOT_REACHED: "An earlier case in this step hung or ended the process, so this one did not run.",
+    Outcome.NOT_REACHED: "This case did not run: fix the failing cases above first, then check again.",
 }
+HUNG_EARLIER = "An earlier case in this step hung, so this one did not run."
+ENDED_EARLIER = "An earlier case in this step ended the process, so this one did not run."
+_RAISED = re.compile(r"\braised (\w+)")
+_EXCEPTION = re.compile(r"\b[A-Z]\w*(?:Error|Exception|Exit|Conflict|Required|Interrupt)\b|\bConflict\b")
+
+
+def nudge(case: Case) -> str:
+    """The generic first nudge for how this case ended, never contradicting it: "hung" only
+    after a hang, "an exception the contract does not call for" only when the contract called
+    for another outcome than the exception raised."""
+    if case.outcome is Outcome.NOT_REACHED:
+        got = case.got.lower()
+        if "hung" in got:
+            return HUNG_EARLIER
+        if "ended the process" in got or "died" in got:
+            return ENDED_EARLIER
+        return NUDGE[Outcome.NOT_REACHED]
+    if case.outcome is Outcome.RAISED:
+        raised = _RAISED.search(case.got)
+        wanted = _EXCEPTION.findall(case.expected)
+        if raised and raised.group(1) in wanted:
+            return (f"Your code raised {raised.group(1)}, the exception the contract calls for here, but not as "
+                    "it says: compare expected with got.")
+        if raised and wanted:
+            return (f"Your code raised {raised.group(1)} where the contract calls for {wanted[0]}: "
+                    "read the last line of your traceback first.")
+    return NUDGE.get(case.outcome, "")
 
 STYLE = """
 <style>
@@ -41,6 +70,13 @@ STYLE = """
 .lk-nudge{margin:2px 0 2px 1.6em;padding:4px 8px;background:#fffde7;border-left:3px solid #f9a825}
 .lk-more{margin:2px 0 6px 1.6em}.lk-more>summary{cursor:pointer;color:#1565c0}.lk-more div{padding:4px 8px;background:#e3f2fd;border-left:3px solid #1565c0}
 .lk-trace{margin:2px 0 6px 1.6em;font-size:12px;background:#f5f5f5;padding:4px 8px;white-space:pre-wrap}
+.lk-case>summary,.lk-nudge,.lk-same li{white-space:pre-wrap}
+.lk-nudge code,.lk-next code{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12px;background:#fff3c4;padding:0 2px;border-radius:2px;white-space:pre-wrap}
+.lk-ws{color:#90a4ae;font-weight:normal;cursor:help}
+.lk-same{margin:0 0 6px 1.6em}.lk-same>summary{cursor:pointer;color:#546e7a}
+.lk-same ul{margin:2px 0;padding-left:1.4em;font-size:12px}.lk-same li{margin:1px 0}.lk-same .lk-got{color:#607d8b}
+.lk-passed>summary{cursor:pointer;color:#546e7a}
+.lk-legend{color:#90a4ae;font-size:11px;margin-top:2px}
 .lk-note{color:#5d4037;margin-top:4px}.lk-section{font-weight:600;margin:8px 0 2px;color:#37474f}
 .lk-faults{color:#37474f}.lk-faults ul{margin:2px 0 2px 0;padding-left:1.6em}
 .lk-ladder{border-collapse:collapse;margin:2px 0;font-size:12px}
@@ -68,13 +104,13 @@ _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z`(\"'])")
 
 
 def hint_levels(case: Case) -> tuple[str, str]:
-    """(first nudge, the rest on request). A hint of several sentences gives its first sentence
-    as the nudge; a one-sentence hint comes after a generic nudge for the case's outcome."""
+    """(first nudge, the rest). A hint of several sentences gives its first sentence as the
+    nudge; a one-sentence hint comes after a generic nudge for how the case ended (`nudge`)."""
     hint = case.hint.strip()
     sentences = [s for s in _SENTENCE_END.split(hint) if s]
     if len(sentences) > 1:
         return sentences[0], " ".join(sentences[1:])
-    return NUDGE.get(case.outcome, ""), hint
+    return nudge(case), hint
 
 
 def step_label(step: StepVerdict) -> str:
@@ -95,30 +131,105 @@ def render_foot(seed: int | None, seconds: float) -> str:
 
 
 def _case(case: Case, first_failing: bool) -> str:
+    """A passing case (one short line), or a failing one alone (its own group)."""
     if case.passed:
-        return f'<div class="lk-case"><span class="lk-ok">✓</span> {escape(case.name)}</div>'
-    mark = '<span class="lk-calm">·</span>' if is_calm(case) else '<span class="lk-bad">✗</span>'
-    nudge, more = hint_levels(case)
-    parts = [render_facts(case)]
-    if nudge:
-        parts.append(render_nudge(nudge))
-    if more:
-        parts.append(f'<details class="lk-more"><summary>more help</summary><div>{escape(more)}</div></details>')
-    return (f'<details class="lk-case"{" open" if first_failing else ""}><summary>{mark} {escape(case.name)}</summary>'
-            f'{"".join(parts)}</details>')
+        return f'<div class="lk-case"><span class="lk-ok">✓</span> {visible(case.name)}</div>'
+    return render_group(grouping.Group([case], 0), first_failing)
+
+
+def _mark(case: Case) -> str:
+    return '<span class="lk-calm">·</span>' if is_calm(case) else '<span class="lk-bad">✗</span>'
+
+
+def render_hint(case: Case) -> str:
+    """The case's specific hint, inline (or the generic nudge for its outcome when it has none)."""
+    text = case.hint.strip() or nudge(case)
+    return render_nudge(text) if text else ""
+
+
+def render_group(group: grouping.Group, open_: bool) -> str:
+    """One cause: its leading case in full (facts, hint, traceback), then "N more fail the same way"."""
+    lead = group.lead
+    body = render_facts(lead) + render_hint(lead)
+    html = (f'<details class="lk-case"{" open" if open_ else ""}><summary>{_mark(lead)} {rich(grouping.title(lead))}'
+            f'</summary>{body}</details>')
+    return html + render_same(group)
+
+
+def render_same(group: grouping.Group) -> str:
+    """The other cases of a cause: one line each (title, what happened, a hint only where it differs)."""
+    if not group.rest:
+        return ""
+    items = []
+    for case in group.rest:
+        got = (case.got or "").strip().splitlines()[:1]
+        hint = f'<div class="lk-got">{rich(case.hint)}</div>' if case.hint and case.hint != group.lead.hint else ""
+        items.append(f'<li>{_mark(case)} {rich(grouping.title(case))}'
+                     f'{f"""<span class="lk-got"> — {visible(got[0][:200])}</span>""" if got else ""}{hint}</li>')
+    return (f'<details class="lk-same"><summary>{escape(group.more_text())}</summary>'
+            f'<ul>{"".join(items)}</ul></details>')
+
+
+# Whitespace that matters in a value, shown: inside a quoted literal, leading and trailing spaces
+# and runs of two or more; tabs, CR and LF wherever they are literal characters.
+WHITESPACE = {" ": ("␣", "a space"), "\t": ("⇥", "a tab"), "\r": ("␍", "a carriage return (CR)"),
+              "\n": ("␊", "a line feed (LF)")}
+LEGEND = "␣ a space · ⇥ a tab · ␍ CR · ␊ LF: shown where the spaces in a value matter"
+_LITERAL = re.compile(r"""(?<![\w'"])b?'(?:[^'\\\n]|\\.)*'(?![\w'])|(?<![\w'"])b?"(?:[^"\\\n]|\\.)*"(?![\w"])""")
+_RUN = re.compile(r"\A +| +\Z| {2,}|[\t\r\n]")
+
+
+def _ws(text: str) -> str:
+    return "".join(f'<span class="lk-ws" title="{WHITESPACE[c][1]}">{WHITESPACE[c][0]}</span>' for c in text)
+
+
+def _inside(literal: str) -> str:
+    """A quoted literal: its quotes kept, the whitespace that matters inside marked."""
+    start = literal.index(literal[-1])
+    head, inner, tail = literal[:start + 1], literal[start + 1:-1], literal[-1]
+    out, pos = [], 0
+    for m in _RUN.finditer(inner):
+        out += [escape(inner[pos:m.start()]), _ws(m.group())]
+        pos = m.end()
+    return escape(head) + "".join(out) + escape(inner[pos:]) + escape(tail)
+
+
+def visible(text: str) -> str:
+    """`text` as HTML with its meaningful whitespace shown (`'   '` → '␣␣␣', never one space)."""
+    out, pos = [], 0
+    for m in _LITERAL.finditer(text):
+        out += [_plain(text[pos:m.start()]), _inside(m.group())]
+        pos = m.end()
+    out.append(_plain(text[pos:]))
+    return "".join(out)
+
+
+def _plain(text: str) -> str:
+    return re.sub(r"[\t\r]", lambda m: _ws(m.group()), escape(text))
+
+
+def rich(text: str) -> str:
+    """A hint or a name as HTML: Markdown `code` spans → <code>, whitespace shown as in `visible`."""
+    parts = re.split(r"`([^`\n]+)`", text)
+    return "".join(f"<code>{visible(p)}</code>" if i % 2 else visible(p) for i, p in enumerate(parts))
+
+
+def legend(html: str) -> str:
+    """The key to the whitespace marks, when a view uses any."""
+    return f'<div class="lk-legend">{LEGEND}</div>' if 'class="lk-ws"' in html else ""
 
 
 def render_facts(case: Case) -> str:
     """What was called, what was expected, what happened (and the student's own traceback)."""
-    rows = "".join(f'<div class="lk-kv"><span class="lk-k">{label}</span><span class="lk-v">{escape(text)}</span></div>'
+    rows = "".join(f'<div class="lk-kv"><span class="lk-k">{label}</span><span class="lk-v">{visible(text)}</span></div>'
                    for label, text in (("called", case.called), ("expected", case.expected), ("got", case.got))
                    if text)
     trace = f'<pre class="lk-trace">{escape(case.trace.rstrip())}</pre>' if case.trace else ""
     return f'<div class="lk-detail">{rows}</div>{trace}'
 
 
-def render_nudge(nudge: str) -> str:
-    return f'<div class="lk-nudge">{escape(nudge)}</div>'
+def render_nudge(text: str) -> str:
+    return f'<div class="lk-nudge">{rich(text)}</div>'
 
 
 def render_ladder(ladder: list[dict]) -> str:
@@ -171,23 +282,31 @@ def render_cases(step: StepVerdict, where: Standing | None = None) -> str:
     where = where or standing(step)
     if where.calm:
         return render_next(where.next)
-    first = next((i for i, c in enumerate(step.cases) if not c.passed), None)
-    out = []
-    for group in case_groups(step.cases):
-        if group[0][1].passed:
-            out.append(render_oks([c for _, c in group]))
-        else:
-            out += [_case(c, i == first) for i, c in group]
-    return "".join(out)
+    found = grouping.groups(step)
+    out = [render_group(group, i == 0) for i, group in enumerate(found)]
+    oks = [c for c in step.cases if c.passed]
+    if oks:
+        out.append(render_oks(oks, folded=bool(found)))
+    html = "".join(out)
+    return html + legend(html)
 
 
-def render_oks(cases: list[Case]) -> str:
-    """Passing cases: one short row each, in a compact grid."""
-    return '<div class="lk-oks">' + "".join(_case(c, False) for c in cases) + "</div>"
+FOLD_PASSING = 8  # beside failing cases, more passing ones than this sit behind one line
+
+
+def render_oks(cases: list[Case], folded: bool = False) -> str:
+    """Passing cases: one short row each, in a compact grid; beside failing cases, a long grid
+    is one line ("✓ 84 more cases pass") that opens on a click, so the causes stay in view."""
+    grid = '<div class="lk-oks">' + "".join(_case(c, False) for c in cases) + "</div>"
+    if not folded or len(cases) <= FOLD_PASSING:
+        return grid
+    return (f'<details class="lk-passed"><summary><span class="lk-ok">✓</span> {len(cases)} other cases pass'
+            f'</summary>{grid}</details>')
 
 
 def case_groups(cases: list[Case]) -> list[list[tuple[int, Case]]]:
-    """Runs of passing cases (shown as a compact grid) and runs of failing ones, in order."""
+    """Runs of passing cases and runs of failing ones, in order (the views fold failing cases by
+    cause with `grouping.groups` instead; kept for callers that want the check's own order)."""
     groups: list[list[tuple[int, Case]]] = []
     for index, case in enumerate(cases):
         if groups and groups[-1][0][1].passed == case.passed:

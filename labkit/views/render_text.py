@@ -5,6 +5,7 @@ from __future__ import annotations
 import textwrap
 
 from labkit.judge.verdict import Case, Evidence, LabVerdict, StepVerdict
+from labkit.views import grouping
 from labkit.views.standing import NOTEBOOK, Standing, is_calm, standing
 from labkit.views.timeline_svg import is_duplicate, is_kill, lanes, rows
 
@@ -18,11 +19,15 @@ def step_heading(step: StepVerdict, where: Standing | None = None) -> str:
     return f"{label} — {step.title}: {status} ({step.points}/{step.max_points} points)"
 
 
-def case_lines(case: Case) -> list[str]:
+def case_lines(case: Case, more: int = 0) -> list[str]:
+    """A case; a failing one in full (called / expected / got / hint), then how many more cases
+    fail the same way (`labkit.views.grouping`: they are folded into this one)."""
     mark = MARK[True] if case.passed else "·" if is_calm(case) else MARK[False]
-    lines = [f"  {mark} {case.name}"]
+    lines = [f"  {mark} {case.name if case.passed else grouping.title(case)}"]
     if not case.passed:
         lines += [textwrap.indent(case.message, "      ")]
+    if more:
+        lines.append(f"      + {more} more fail{'s' if more == 1 else ''} the same way")
     return lines
 
 
@@ -34,8 +39,11 @@ def render_step(step: StepVerdict, brief_not_implemented: bool = True, saved: di
     if place.calm and brief_not_implemented:
         lines.append(f"  · next: {place.next}")
     else:
+        for group in grouping.groups(step):
+            lines += case_lines(group.lead, len(group.rest))
         for case in step.cases:
-            lines += case_lines(case)
+            if case.passed:
+                lines += case_lines(case)
     if step.note:
         lines.append("  note: " + step.note)
     evidence = evidence_text(step.evidence)

@@ -15,7 +15,7 @@ import ipywidgets as W
 from labkit.judge.verdict import Case, StepVerdict
 from labkit.notebook.progress import Progress
 from labkit.notebook.quiz import LETTERS, why_html
-from labkit.views import render_html
+from labkit.views import grouping, render_html
 from labkit.views.standing import is_calm, standing
 
 WIDGET_STYLE = """
@@ -26,6 +26,7 @@ WIDGET_STYLE = """
 .lk-toggle.jupyter-button{background:transparent;border:0;box-shadow:none;padding:0 2px;margin:0;height:auto;
   line-height:1.7;font-size:13px;justify-content:flex-start;text-align:left;white-space:normal;max-width:100%}
 .lk-toggle.jupyter-button:hover{box-shadow:none;text-decoration:underline}
+.lk-more-toggle.jupyter-button{font-size:12px;margin-left:1.6em}
 .lk-toggle.jupyter-button:focus{outline:1px dotted #90a4ae}
 .lk-morebtn.jupyter-button{background:#e3f2fd;color:#1565c0;border:1px solid #90caf9;height:24px;font-size:12px;
   margin:2px 0 4px 1.6em;width:auto;padding:0 10px}
@@ -48,40 +49,46 @@ def _toggle_display(widget: W.Widget, shown: bool) -> None:
     widget.layout.display = "" if shown else "none"
 
 
-def case_row(case: Case, expanded: bool) -> W.VBox:
-    """A failing case: a row that expands to called / expected / got, a nudge, and more help."""
+def case_row(case: Case, expanded: bool, rest: list[Case] | None = None) -> W.VBox:
+    """A failing cause: a row that expands to called / expected / got and the case's specific
+    hint; then, for the other cases with the same cause, "N more fail the same way" (a toggle)."""
     calm = is_calm(case)
     mark = "·" if calm else "✗"
-    toggle = W.Button(description=f"{'▾' if expanded else '▸'} {mark} {case.name}", tooltip="show / hide details",
+    label = grouping.title(case)
+    toggle = W.Button(description=f"{'▾' if expanded else '▸'} {mark} {label}", tooltip="show / hide details",
                       layout=W.Layout(width="auto", align_self="flex-start"))
     toggle.add_class("lk-toggle")
     toggle.style.text_color = "#757575" if calm else "#c62828"
-    parts: list[W.Widget] = [_html(render_html.render_facts(case))]
-    nudge, more = render_html.hint_levels(case)
-    if nudge:
-        parts.append(_html(render_html.render_nudge(nudge)))
-    if more:
-        more_box = _html(f'<div class="lk-more"><div>{escape(more)}</div></div>', "lk-hint-more", display="none")
-        button = W.Button(description="more help", icon="life-ring", tooltip="show the specific hint",
-                          layout=W.Layout(width="auto", align_self="flex-start"))
-        button.add_class("lk-morebtn")
-
-        def reveal(_):
-            _toggle_display(more_box, True)
-            _toggle_display(button, False)
-
-        button.on_click(reveal)
-        parts += [button, more_box]
+    parts: list[W.Widget] = [_html(render_html.render_facts(case) + render_html.render_hint(case))]
     detail = W.VBox(parts, layout=W.Layout(display="" if expanded else "none"))
     detail.add_class("lk-case-detail")
 
     def flip(_):
         shown = detail.layout.display == "none"
         _toggle_display(detail, shown)
-        toggle.description = f"{'▾' if shown else '▸'} {mark} {case.name}"
+        toggle.description = f"{'▾' if shown else '▸'} {mark} {label}"
 
     toggle.on_click(flip)
-    row = W.VBox([toggle, detail])
+    children: list[W.Widget] = [toggle, detail]
+    if rest:
+        group = grouping.Group([case, *rest], 0)
+        listing = render_html.render_same(group)
+        inner = listing[listing.index("<ul>"):listing.rindex("</details>")]
+        same = _html(f'<div class="lk-same">{inner}</div>', "lk-same-list", display="none")
+        more = W.Button(description=f"▸ {group.more_text()}", tooltip="show the other cases with this cause",
+                        layout=W.Layout(width="auto", align_self="flex-start"))
+        more.add_class("lk-toggle")
+        more.add_class("lk-more-toggle")
+        more.style.text_color = "#546e7a"
+
+        def show_same(_):
+            shown = same.layout.display == "none"
+            _toggle_display(same, shown)
+            more.description = f"{'▾' if shown else '▸'} {group.more_text()}"
+
+        more.on_click(show_same)
+        children += [more, same]
+    row = W.VBox(children)
     row.add_class("lk-case-row")
     return row
 
@@ -93,12 +100,14 @@ def verdict_panel(step: StepVerdict, seed: int | None = None, saved: dict[str, s
     if place.calm:
         children.append(_html(render_html.render_cases(step, place)))
     else:
-        first = next((i for i, c in enumerate(step.cases) if not c.passed), None)
-        for group in render_html.case_groups(step.cases):
-            if group[0][1].passed:
-                children.append(_html(render_html.render_oks([c for _, c in group])))
-            else:
-                children += [case_row(c, i == first) for i, c in group]
+        for i, group in enumerate(grouping.groups(step)):
+            children.append(case_row(group.lead, i == 0, group.rest))
+        oks = [c for c in step.cases if c.passed]
+        if oks:
+            children.append(_html(render_html.render_oks(oks, folded=True)))
+        key = render_html.legend("".join(render_html.render_group(g, False) for g in grouping.groups(step)))
+        if key:
+            children.append(_html(key))
     if step.note:
         children.append(_html(f'<div class="lk-note">{escape(step.note)}</div>'))
     evidence = render_html.render_evidence(step.evidence)
