@@ -3,7 +3,8 @@
 `QUIZ = [{"id", "question", "options": [{"text", "correct": bool, "why"}]}]`. Every answer is
 written to `work/quiz-<lab>.json` at once (the grader reads that file): the latest choice, the
 first choice, and how many tries it took. Text and static HTML renderings live here; the
-widget is in `widgets`.
+widget is in `widgets`. Every view explains the chosen option only: a wrong click does not
+name the right one, so a second try is still a question.
 """
 
 from __future__ import annotations
@@ -88,11 +89,15 @@ def record(workdir: Path, lab: str, questions: list[dict], qid: str, choice: int
 
 
 def explain_text(question: dict, chosen: int | None) -> str:
+    """The options, lettered; only the chosen one is marked and explained. A wrong choice does
+    not give the right one away: the student may try again (the grader counts the tries)."""
     lines = []
     for i, option in enumerate(question["options"]):
-        mark = "✓" if option["correct"] else "✗"
-        you = "  ← your answer" if i == chosen else ""
-        lines.append(f"  {mark} {LETTERS[i]}) {option['text']}{you}\n      {option['why']}")
+        if i != chosen:
+            lines.append(f"    {LETTERS[i]}) {option['text']}")
+            continue
+        mark, again = ("✓", "") if option["correct"] else ("✗", "\n      Not this one: try another option.")
+        lines.append(f"  {mark} {LETTERS[i]}) {option['text']}  ← your answer\n      {option['why']}{again}")
     return "\n".join(lines)
 
 
@@ -111,34 +116,30 @@ def render_text(lab: str, questions: list[dict], saved: dict[str, dict]) -> str:
 
 
 def why_html(question: dict, chosen: int | None) -> str:
-    """Once answered: for each option, lettered as in the widget, whether it is right and why."""
-    rows = []
-    for i, o in enumerate(question["options"]):
-        mark, color = ("✓", "#1b5e20") if o["correct"] else ("✗", "#b71c1c")
-        you = " <b>← your answer</b>" if i == chosen else ""
-        rows.append(f'<div class="lk-opt"><span style="color:{color}">{mark}</span> {LETTERS[i]}) '
-                    f'{escape(o["text"])}{you}<div class="lk-why">{escape(o["why"])}</div></div>')
-    return "".join(rows)
+    """Once answered: the chosen option, lettered as in the widget, whether it is right and why.
+    Only that one: the other options' explanations would name the right answer before the
+    student found it."""
+    if chosen is None or not 0 <= chosen < len(question["options"]):
+        return ""
+    o = question["options"][chosen]
+    mark, color = ("✓", "#1b5e20") if o["correct"] else ("✗", "#b71c1c")
+    again = "" if o["correct"] else '<div class="lk-why">Not this one: try another option.</div>'
+    return (f'<div class="lk-opt" data-option="{LETTERS[chosen]}"><span style="color:{color}">{mark}</span> '
+            f'{LETTERS[chosen]}) {escape(o["text"])} <b>← your answer</b>'
+            f'<div class="lk-why">{escape(o["why"])}</div>{again}</div>')
 
 
 def render_html(lab: str, questions: list[dict], saved: dict[str, dict]) -> str:
     """Static, readable without a kernel: options lettered as in the widget, the answers as saved
-    now; an answered question shows why each option is right or wrong, an open one hides that."""
+    now; an answered question explains the chosen option only, an open one explains nothing."""
     if not questions:
         return f"<p>Lab {escape(lab)} has no quiz.</p>"
     answered = sum(1 for q in questions if q["id"] in saved)
     items = []
     for number, q in enumerate(questions, 1):
         chosen = saved.get(q["id"], {}).get("choice")
-        if chosen is None:
-            rows = "".join(f'<div class="lk-opt">{LETTERS[i]}) {escape(o["text"])}</div>'
-                           for i, o in enumerate(q["options"]))
-        else:
-            rows = why_html(q, chosen)
-        why = "" if chosen is not None else (
-            '<details class="lk-more"><summary>why each option is right or wrong</summary><div>'
-            + "".join(f"<p>{LETTERS[i]}) {escape(o['why'])}</p>" for i, o in enumerate(q["options"]))
-            + "</div></details>")
-        items.append(f'<div class="lk-q">{number}. {escape(q["question"])}</div>{rows}{why}')
+        rows = "".join(why_html(q, i) if i == chosen else f'<div class="lk-opt">{LETTERS[i]}) {escape(o["text"])}</div>'
+                       for i, o in enumerate(q["options"]))
+        items.append(f'<div class="lk-q">{number}. {escape(q["question"])}</div>{rows}')
     return (f'<div class="lk-quiz"><b>Quiz — lab {escape(lab)}</b> '
             f'<span class="lk-points">{answered} of {len(questions)} answered</span>{"".join(items)}</div>')
