@@ -95,7 +95,19 @@ class Progress:
                 return "Next: the final check. Run its cell: it kills your code at the worst moment."
             return (f"Next: {label}. Write it in the `%%step {s.step}` cell, run that cell, "
                     "then the check cell below it.")
-        return "Every step passed. Try the quiz at the end of the notebook." if self.steps else ""
+        if not self.steps:
+            return ""
+        from labkit.notebook import quiz
+
+        try:
+            has_quiz = bool(quiz.load(self.lab))
+        except (KeyError, ImportError, AssertionError):  # a lab the course does not know: no quiz to offer
+            has_quiz = False
+        if has_quiz:
+            return "Every step passed. Try the quiz at the end of the notebook."
+        if self.lab == "start-here":
+            return "Every step passed. This warm-up has no quiz: open 01-outbox.ipynb, the first lab."
+        return "Every step passed. This notebook has no quiz: go on to the next notebook."
 
     def text(self) -> str:
         width = 30
