@@ -5,6 +5,18 @@ everything built from them (the tests' wrong solutions, benchmarks, CI), with th
 notebooks freshly built from the sources. Before it reports success, every text file in OUT is
 compared with every `### BEGIN SOLUTION` … `### END SOLUTION` block of the lessons: a release
 that would leak one is refused.
+
+Given `OUT.zip`, the same folder is written as one zip file whose top folder is named after it
+(`delivered-twice-student.zip` → `delivered-twice-student/`): the student edition a course
+hands out. It is checked twice, as a folder before zipping and as the zip's own entries after.
+Students install it in place (`pip install -e .` in the unzipped folder, as a clone is), so the
+course's notebooks and the workspace live beside each other exactly as in a clone.
+
+What the student edition holds, honestly: the judge runs on the student's laptop, so its code
+ships (`checks/`, with the quiz's answer key and `checks/oracles/`, the judge's own independent
+re-implementations of a few pure functions it compares the student's with). `lab.reveal(N)`
+shows nothing there: a reference shipped in any form (obfuscated, encrypted with a key in the
+same folder) could be read without the reveal being recorded, so none ships.
 """
 
 from __future__ import annotations
@@ -12,6 +24,8 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import tempfile
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -87,9 +101,12 @@ def leaks(folder: Path, blocks: list[tuple[str, str, list[str]]]) -> list[Leak]:
 
 
 def release(out: Path, root: Path = build.ROOT) -> list[str]:
-    """Write the student distribution into `out` (which must not exist); returns the files written."""
+    """Write the student distribution into `out` (which must not exist): a folder, or one zip
+    file when `out` ends in `.zip`. Returns the files written (the notebooks not counted)."""
     if out.exists():
         raise FileExistsError(f"{out} exists: give a new folder")
+    if out.suffix == ".zip":
+        return _release_zip(out, root)
     files = [f for f in tracked_files(root) if not f.startswith(LEFT_OUT)]
     written = []
     for name in files:
@@ -110,4 +127,28 @@ def release(out: Path, root: Path = build.ROOT) -> list[str]:
         shutil.rmtree(out, ignore_errors=True)
         names = ", ".join(f"{leak.path} (lab {leak.lab} step {leak.step})" for leak in found)
         raise RuntimeError(f"refused: these files would give away reference code: {names}")
+    return written
+
+
+def _release_zip(out: Path, root: Path) -> list[str]:
+    top = out.stem
+    with tempfile.TemporaryDirectory(prefix="labkit-release-") as tmp:
+        folder = Path(tmp) / top
+        written = release(folder, root)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        partial = out.with_name(out.name + ".part")
+        with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as archive:
+            for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+                archive.write(path, f"{top}/{path.relative_to(folder).as_posix()}")
+        # The zip's own entries, unpacked again, checked again: what students get is what was checked.
+        check = Path(tmp) / "unzipped"
+        with zipfile.ZipFile(partial) as archive:
+            names = archive.namelist()
+            archive.extractall(check)
+        bad = [n for n in names if not n.startswith(f"{top}/") or n.removeprefix(f"{top}/").startswith(LEFT_OUT)]
+        found = leaks(check, solution_blocks(root / "notebooks" / "source"))
+        if bad or found:
+            partial.unlink()
+            raise RuntimeError(f"refused: the zip holds {bad or [leak.path for leak in found]}")
+        partial.rename(out)
     return written
