@@ -92,6 +92,11 @@ class StepVerdict:
     note: str = ""  # e.g. "this step relies on step 1, which fails"
     evidence: Evidence | None = None
     seconds: float = 0.0
+    # Set by the kernel (`Lab.check`), not the judge: which saved version was judged
+    # ("judged: step 6 as saved at 14:02:31"), and a warning when the step's cell did not save
+    # at its last run or changed since (`labkit.notebook.attempts`).
+    judged: str = ""
+    warning: str = ""
 
     @property
     def passed(self) -> bool:
@@ -128,6 +133,7 @@ class StepVerdict:
         }
         if self.evidence is not None:
             data["evidence"] = asdict(self.evidence)
+        data.update({k: v for k, v in (("judged", self.judged), ("warning", self.warning)) if v})
         return data
 
 
@@ -189,6 +195,8 @@ def from_json(data: dict) -> LabVerdict:
                 note=s.get("note", ""),
                 evidence=Evidence(**ev) if ev else None,
                 seconds=s.get("seconds", 0.0),
+                judged=s.get("judged", ""),
+                warning=s.get("warning", ""),
             )
         )
     return LabVerdict(lab=data["lab"], seed=data["seed"], steps=steps, seconds=data.get("seconds", 0.0))

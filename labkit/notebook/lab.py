@@ -141,6 +141,8 @@ class Lab:
         saved = self.saved_parts()
         verdict = self._not_run_yet(str(step), saved)
         if verdict is not None:  # nothing was judged: no seed to show
+            self._provenance(verdict, saved)
+            verdict.steps[0].judged = ""
             display.show_step(verdict.steps[0], None, saved)
         else:
             verdict = self.run_judge(step)
@@ -148,6 +150,7 @@ class Lab:
                 display.show_problem(verdict)
                 return None
             self._in_cell_terms(verdict, saved)
+            self._provenance(verdict, saved)
             if any(s.step == "final" for s in verdict.steps):
                 module_export.write_atomic(self.last_final_path, json.dumps(verdict.to_json(), ensure_ascii=False))
             display.show_verdict(verdict, saved)
@@ -159,6 +162,16 @@ class Lab:
             # nbgrader scores a test cell by whether it raises.
             raise AssertionError(f"{self.name} step {step} did not pass")
         return None
+
+    def _provenance(self, verdict: LabVerdict, saved: dict[str, str]) -> None:
+        """Which saved version each step's verdict is about, and a warning when the step's cell
+        did not save at its last run or changed since (`attempts.provenance`)."""
+        from labkit.notebook import attempts
+
+        notebook = attempts.notebook_path()
+        for step in verdict.steps:
+            step.judged, step.warning = attempts.provenance(self.workdir, self.name, str(step.step), saved,
+                                                            notebook, self.parts)
 
     def _in_cell_terms(self, verdict: LabVerdict, saved: dict[str, str]) -> None:
         """Line numbers in the assembled module → the student's own cells and lines."""

@@ -13,6 +13,7 @@ import re
 from html import escape
 
 from labkit.judge.verdict import Case, Evidence, LabVerdict, Outcome, StepVerdict
+from labkit.notebook.attempts import judged_html
 from labkit.views import grouping, timeline_svg
 from labkit.views.standing import NOTEBOOK, Standing, is_calm, standing
 
@@ -320,7 +321,7 @@ def render_step(step: StepVerdict, with_style: bool = True, seed: int | None = N
                 saved: dict[str, str] | None = None, where: str = NOTEBOOK) -> str:
     """One step's panel. `saved`: the parts the kernel saved, for the next action (None: unknown)."""
     place = standing(step, saved, where)
-    body = [render_head(step, place), render_cases(step, place)]
+    body = [render_head(step, place), judged_html(step), render_cases(step, place)]
     if step.note:
         body.append(f'<div class="lk-note">{escape(step.note)}</div>')
     body.append(render_evidence(step.evidence))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import textwrap
 
 from labkit.judge.verdict import Case, Evidence, LabVerdict, StepVerdict
+from labkit.notebook.attempts import judged_text
 from labkit.views import grouping
 from labkit.views.standing import NOTEBOOK, Standing, is_calm, standing
 from labkit.views.timeline_svg import is_duplicate, is_kill, lanes, rows
@@ -35,7 +36,7 @@ def render_step(step: StepVerdict, brief_not_implemented: bool = True, saved: di
                 where: str = NOTEBOOK) -> str:
     """A step as text; a grey step (nothing wrong has run yet) is its heading and the next action."""
     place = standing(step, saved, where)
-    lines = [step_heading(step, place)]
+    lines = [step_heading(step, place), *judged_text(step)]
     if place.calm and brief_not_implemented:
         lines.append(f"  · next: {place.next}")
     else:

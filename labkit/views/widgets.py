@@ -96,7 +96,8 @@ def case_row(case: Case, expanded: bool, rest: list[Case] | None = None) -> W.VB
 def verdict_panel(step: StepVerdict, seed: int | None = None, saved: dict[str, str] | None = None) -> W.VBox:
     """One compact panel per checked step; the final check also shows its timeline and ladder."""
     place = standing(step, saved)
-    children: list[W.Widget] = [_html(render_html.STYLE + WIDGET_STYLE + render_html.render_head(step, place))]
+    children: list[W.Widget] = [_html(render_html.STYLE + WIDGET_STYLE + render_html.render_head(step, place)
+                                      + render_html.judged_html(step))]
     if place.calm:
         children.append(_html(render_html.render_cases(step, place)))
     else:
