@@ -38,6 +38,7 @@ from checks.relay_outbox import (
     shown,
     unchanged,
 )
+from checks.relay_witness import judged, look_failed, no_open_transaction, not_seen, watched_cases
 from labkit.judge import stores
 from labkit.judge.expect import (
     TRANSACTION_HINT,
@@ -47,7 +48,6 @@ from labkit.judge.expect import (
     closed_on_error,
     describe,
     is_module_exception,
-    no_open_transaction,
     raises,
     returns,
     under,
@@ -68,7 +68,9 @@ def value(item) -> dict:
 
 
 def calls_on(ctx: StepContext, plans: list[Plan], specs: list[dict]) -> list[Case]:
-    return ctx.cases("on_outbox", plans, {"calls": specs})
+    """One child calls each spec's function on its file; right after each call, while the probe
+    still holds the connection, the judge tries BEGIN IMMEDIATE itself (`relay_witness`)."""
+    return watched_cases(ctx, "on_outbox", plans, {"calls": specs}, {s["name"]: Path(s["db"]) for s in specs})
 
 
 def refused(hint: str, clause: str, path: Path, before: list, untouched_hint: str | None = None):
@@ -1359,7 +1361,8 @@ def check_relay_once(ctx: StepContext) -> list[Case]:
         rows = [row(name(rng, "safe"))]
         scenario(f"{label} is refused before claiming", rows, _refused_first(hint), ("8.args-first",),
                  expected="ValueError; nothing leased; send never called", args=call_args, policy=policy, **flags)
-    return ctx.cases("relaying", plans, {"scenarios": scenarios})
+    return watched_cases(ctx, "relaying", plans, {"scenarios": scenarios},
+                         {s["name"]: Path(s["db"]) for s in scenarios})
 
 
 def _log(record: dict, kind: str) -> list[dict]:
@@ -1372,14 +1375,22 @@ def _counts(expected: dict, hint: str = "Return the counts of this call: {'sent'
 
 def _delivered_in_order(db: Path, rows: list[dict], seed: int, policy: dict):
     def check(record: dict) -> Miss | None:
-        for e in _log(record, "send"):  # the claim first: committed before anything is sent
-            if (e["row"] or {}).get("state") != "leased" or (e["row"] or {}).get("owner") != "A":
-                return Miss(f"while send ran, another connection saw row {e['seq']} as {e['row']}",
-                            "Claim (and commit the claim) before sending.", clause="8.claim-committed")
-            if not e.get("can_write", True):
-                return Miss("while send ran, another connection could not BEGIN IMMEDIATE",
+        sends = judged(record).get("send", [])
+        for e in sends:  # the claim first: committed before anything is sent (the judge's own looks)
+            failed = look_failed(e, "while send ran", "8.claim-committed")
+            if failed is not None:
+                return failed
+            row_ = e.get("row") or {}
+            if row_.get("state") != "leased" or row_.get("owner") != "A":
+                seen = {k: row_[k] for k in ("state", "owner", "fence")} if row_ else None
+                return Miss(f"while send ran, the judge's own connection saw row {row_.get('seq', e.get('event_id'))} "
+                            f"as {seen}", "Claim (and commit the claim) before sending.", clause="8.claim-committed")
+            if e.get("can_write") is False:
+                return Miss("while send ran, the judge's own connection could not BEGIN IMMEDIATE",
                             "Commit the claim before the first send: a write lock held during a slow send blocks "
                             "every other publisher.", clause="8.claim-committed")
+        if len(sends) < len(_log(record, "send")):
+            return not_seen("while send ran", "8.claim-committed")
         log = record["observed"].get("log", [])
         kinds = [(e["kind"], decode(e["seq"]) if e["kind"] != "send" else e["seq"]) for e in log]
         want = [(k, s) for s in range(1, len(rows) + 1) for k in ("after_claim", "send", "after_send")]
@@ -1392,10 +1403,17 @@ def _delivered_in_order(db: Path, rows: list[dict], seed: int, policy: dict):
             if sent != json.loads(rows[e["seq"] - 1]["body"]):
                 return Miss(f"send received {show(sent)}", "Send the event decoded from the row's body (a dict).",
                             clause="8.order-hooks")
-        for e in _log(record, "after_send"):
-            if (e["row"] or {}).get("state") != "leased":
-                return Miss(f"when after_send({decode(e['seq'])}) ran the row was already {e['row']['state']}",
+        after_sends = judged(record).get("after_send", [])
+        for e in after_sends:  # the judge's own looks while after_send ran
+            failed = look_failed(e, "while after_send ran", "8.order-hooks")
+            if failed is not None:
+                return failed
+            if (e.get("row") or {}).get("state") != "leased":
+                state = (e.get("row") or {}).get("state", "missing")
+                return Miss(f"when after_send({e.get('seq')}) ran the row was already {state}",
                             "Call after_send(seq) after the ACK and before complete.", clause="8.order-hooks")
+        if len(after_sends) < len(_log(record, "after_send")):
+            return not_seen("while after_send ran", "8.order-hooks")
         after = rows_of(db)
         if [r["state"] for r in after.values()] != ["sent"] * len(rows):
             return Miss(f"the rows are {[shown(r) for r in after.values()]}", "complete each row after its ACK.",

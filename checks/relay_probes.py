@@ -4,6 +4,9 @@ Everything here runs inside a child process with the student's module loaded. It
 and observes; the judge (`checks/relay.py`) decides what is right, from the DB files it reads
 itself (an audit trigger in every file it prepares records each row change), the warehouse's
 request log, exit codes and /proc. What a child reports is evidence about return values only.
+Where a rule is about the file at a moment only the child can time (right after a call, while
+`send` or `after_send` runs), the probe never looks itself: `probe.see` asks the judge's
+witness (`checks/relay_witness.py`) and waits while the judge looks with its own connections.
 
 Imports: the standard library and labkit.probe / labkit.values / labkit.limits, nothing else.
 """
@@ -41,19 +44,6 @@ def close(con: Any) -> None:
         con.close()
     except Exception:
         pass
-
-
-def row_now(db: str, seq: int) -> dict | None:
-    """One outbox row as another connection sees it right now (None if unreadable)."""
-    try:
-        other = plain(db, timeout=0.5)
-        try:
-            row = other.execute("SELECT state, owner, fence FROM outbox WHERE seq = ?", (seq,)).fetchone()
-        finally:
-            other.close()
-    except sqlite3.Error:
-        return None
-    return None if row is None else {"state": row[0], "owner": row[1], "fence": row[2]}
 
 
 class Statements:
@@ -123,8 +113,8 @@ def build(mod, item: dict) -> Any:
 
 
 def on_outbox(mod, args: dict) -> None:
-    """Each call: a fresh connection to its file, the student's function, what another
-    connection sees afterwards, the statements run, and the rng's next draw."""
+    """Each call: a fresh connection to its file, the student's function, the judge's look right
+    after it (while this connection is still open), the statements run, and the rng's next draw."""
     for spec in args["calls"]:
         probe.started(spec["name"])
         con = plain(spec["db"])
@@ -132,8 +122,8 @@ def on_outbox(mod, args: dict) -> None:
         values = [build(mod, item) for item in spec["args"]]
         seen = probe.received(values)
         outcome = probe.call(probe.function(mod, spec["fn"]), con, *values)
+        probe.see(args["witness"], spec["name"], "after")  # the judge tries BEGIN IMMEDIATE while con is open
         observed: dict[str, Any] = {"received": seen, "in_transaction": con.in_transaction,
-                                    "can_write": probe.other_can_write(spec["db"]),
                                     "statements": statements.words}
         for value in values:
             if isinstance(value, dict) and isinstance(value.get("rng"), random.Random):
@@ -276,9 +266,11 @@ def _take_over(db: str, seq: int, owner: str, lease_until: float) -> None:
 def relaying(mod, args: dict) -> None:
     """Step 8: relay_once with a scripted `send` per event ID, and hooks that watch the file.
 
-    `log` holds the hook and send calls in the order they happened, each with the row as
-    another connection saw it at that moment."""
+    `log` holds the hook and send calls in the order they happened. Inside `send` and
+    `after_send`, and right after relay_once returns, the judge looks at the file itself
+    (`probe.see`): whether it can BEGIN IMMEDIATE, and the row."""
     relay_once = probe.function(mod, "relay_once")
+    witness = args["witness"]
     for case in args["scenarios"]:
         probe.started(case["name"])
         db = case["db"]
@@ -286,17 +278,16 @@ def relaying(mod, args: dict) -> None:
         log: list[dict] = []
         seq_of: dict[str, int] = {}
 
-        def after_claim(seq, db=db, log=log, case=case):
-            log.append({"kind": "after_claim", "seq": encode(seq), "row": row_now(db, seq) if type(seq) is int else None})
+        def after_claim(seq, log=log, case=case):
+            log.append({"kind": "after_claim", "seq": encode(seq)})
             if case.get("claim_hook_raises"):
                 raise LookupError("the after_claim hook failed")
 
         def send(event, db=db, log=log, seq_of=seq_of, case=case):
             event_id = event.get("id") if isinstance(event, dict) else None
             seq = _seq_of(db, event_id, seq_of)
-            log.append({"kind": "send", "event": encode(event), "seq": seq,
-                        "row": row_now(db, seq) if seq is not None else None,
-                        "can_write": probe.other_can_write(db)})
+            probe.see(witness, case["name"], "send", event_id=event_id if isinstance(event_id, str) else None)
+            log.append({"kind": "send", "event": encode(event), "seq": seq})
             if event_id == case.get("take_over") and seq is not None:
                 _take_over(db, seq, "B", case["now"] + 60)
             reply = case["replies"].get(event_id, {"return": encode(True)})
@@ -304,8 +295,9 @@ def relaying(mod, args: dict) -> None:
                 raise _error(mod, reply["raise"])
             return decode(reply["return"])
 
-        def after_send(seq, db=db, log=log):
-            log.append({"kind": "after_send", "seq": encode(seq), "row": row_now(db, seq) if type(seq) is int else None})
+        def after_send(seq, log=log, case=case):
+            probe.see(witness, case["name"], "after_send", seq=seq if type(seq) is int else None)
+            log.append({"kind": "after_send", "seq": encode(seq)})
 
         policy = {**{k: decode(v) for k, v in case["policy"].items()}, "rng": random.Random(case["seed"])}
         if case.get("drop_rng"):
@@ -317,6 +309,7 @@ def relaying(mod, args: dict) -> None:
                                  after_claim=after_claim, after_send=after_send)
         except BaseException as exc:  # KeyboardInterrupt / SystemExit from send, as the case intends
             outcome = probe.describe_exception(exc)
+        probe.see(witness, case["name"], "after")  # the judge tries BEGIN IMMEDIATE while con is open
         in_transaction = con.in_transaction
         rng_next = policy["rng"].random() if "rng" in policy else None
         con.close()

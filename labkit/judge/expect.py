@@ -138,17 +138,6 @@ def closed_on_error(what: str) -> Callable[[dict], Miss | None]:
     return check
 
 
-def no_open_transaction(record: dict) -> Miss | None:
-    """The child saw `con.in_transaction` and tried BEGIN IMMEDIATE from a second connection."""
-    seen = record["observed"]
-    if seen.get("in_transaction"):
-        return Miss("the call returned with a transaction still open", TRANSACTION_HINT)
-    if seen.get("can_write") is False:
-        return Miss("afterwards another connection could not BEGIN IMMEDIATE: a write lock was still held",
-                    TRANSACTION_HINT)
-    return None
-
-
 def returns(expected: Any, hint: str = "") -> Callable[[dict], Miss | None]:
     def check(record: dict) -> Miss | None:
         outcome = record["outcome"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import http.client
 import importlib
 import json
 import os
@@ -18,8 +19,11 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import ModuleType
 from typing import Any
+from urllib.parse import urlsplit
 
 from labkit.values import decode, encode
+
+WITNESS_TIMEOUT = 10.0  # the judge's look is bounded well below this
 
 _out = None
 _module_file = ""
@@ -224,15 +228,22 @@ def is_open(con: sqlite3.Connection) -> bool:
         return False
 
 
-def other_can_write(db: str) -> bool:
-    """Can a second connection enter a write transaction right now? (A real lock test, not
-    a flag: `in_transaction` on the student's own connection can't show a lock held elsewhere.)"""
-    other = sqlite3.connect(db, isolation_level=None, timeout=0.05)
+def see(url: str, case: str, point: str, **said) -> dict:
+    """Ask the judge's witness (`checks/outbox_witness.py`) to look now, and wait for its answer
+    ({} or what it says; {"witness_error": ...} when it could not be reached).
+
+    Where a rule is about state at a moment only the child can time (can another connection
+    write right now, is this row marked yet), the probe never looks itself: student code shares
+    this process and could patch the look. It makes a real HTTP request to the judge at that
+    moment, and the judge's handler looks with its own connections while this call waits."""
+    parts = urlsplit(url)
+    body = json.dumps({"case": case, "point": point, **said}).encode()
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=WITNESS_TIMEOUT)
     try:
-        other.execute("BEGIN IMMEDIATE")
-        other.execute("ROLLBACK")
-        return True
-    except sqlite3.OperationalError:
-        return False
+        conn.request("POST", parts.path, body, {"Content-Type": "application/json"})
+        response = conn.getresponse()
+        return json.loads(response.read() or b"{}")
+    except Exception as exc:  # whatever went wrong, the judge will see no sighting: that is the verdict
+        return {"witness_error": f"{type(exc).__name__}: {exc}"}
     finally:
-        other.close()
+        conn.close()
