@@ -113,7 +113,9 @@ def test_final_check_shows_both_publishers_the_warehouse_the_outbox_and_the_toke
     evidence = final.evidence
     assert evidence is not None
     timeline = evidence.timeline
-    assert all(set(e) == {"t", "actor", "kind", "text"} for e in timeline)
+    # The order-deciding links (labkit.views.timeline_order) are optional; nothing else is there.
+    assert all({"t", "actor", "kind", "text"} <= set(e) <= {"t", "actor", "kind", "text", "id", "after", "before"}
+               for e in timeline)
     assert [e["t"] for e in timeline] == sorted(e["t"] for e in timeline)
     actors = {e["actor"] for e in timeline}
     assert {"publisher A #1", "publisher A #2", "publisher B", "warehouse", "outbox"} <= actors
@@ -259,3 +261,110 @@ def test_hostile_code_gets_a_verdict_about_itself(lab, tmp_path, label):
     assert fragment in failures(verdict_step), failures(verdict_step)
     assert course_faults(result.steps) == []
     assert verdict_step.seconds < 30, f"{label}: the step took {verdict_step.seconds:.0f} s"
+
+
+# --- lies from beside the probe -------------------------------------------------------------
+# "Could another publisher write while send ran / right after the call?" is the judge's own
+# BEGIN IMMEDIATE, tried while the probe waits (checks/relay_witness.py): student code in the
+# child can patch the probe's helpers or sqlite3 itself, and that must change nothing.
+
+HOLDS_THE_LOCK_DURING_SEND = """
+_real_relay_once = relay_once
+def relay_once(con, owner, send, now, lease, limit, policy, after_claim=None, after_send=None):
+    def locked_send(event):
+        con.execute("BEGIN IMMEDIATE")  # a write lock held while the warehouse is slow
+        try:
+            return send(event)
+        finally:
+            con.execute("COMMIT")
+    return _real_relay_once(con, owner, locked_send, now, lease, limit, policy,
+                            after_claim=after_claim, after_send=after_send)
+"""
+LIES = {
+    "patches labkit.probe.other_can_write": """
+import labkit.probe as _probe
+_probe.other_can_write = lambda db: True  # the probe's lock test, as it was, now always says "free"
+""",
+    "hides BEGIN from every new sqlite3 connection": """
+import sqlite3 as _sqlite3
+class _HidesBegin(_sqlite3.Connection):
+    def execute(self, sql, *args):
+        if sql.lstrip().upper().startswith(("BEGIN", "ROLLBACK")):
+            return self.cursor()
+        return super().execute(sql, *args)
+_real_connect = _sqlite3.connect
+def _connect(*args, **kwargs):
+    kwargs.setdefault("factory", _HidesBegin)
+    return _real_connect(*args, **kwargs)
+_sqlite3.connect = _connect
+_sqlite3.Connection = _HidesBegin  # sqlite3.Connection's own execute cannot be set: swap the class and connect
+""",
+}
+LOCK_CASE = "delivers every claimed row in order"
+# The lock test a child-side probe ran until the judge did it itself (labkit.probe.other_can_write).
+CHILD_SIDE_LOCK_TEST = """
+import importlib.util, sqlite3, sys
+import labkit.probe
+def other_can_write(db):
+    other = sqlite3.connect(db, isolation_level=None, timeout=0.05)
+    try:
+        other.execute("BEGIN IMMEDIATE")
+        other.execute("ROLLBACK")
+        return True
+    except sqlite3.OperationalError:
+        return False
+    finally:
+        other.close()
+labkit.probe.other_can_write = other_can_write
+db, module = sys.argv[1], sys.argv[2]
+holder = sqlite3.connect(db, isolation_level=None)
+holder.execute("CREATE TABLE t(x)")
+holder.execute("BEGIN IMMEDIATE")
+spec = importlib.util.spec_from_file_location("relay", module)
+spec.loader.exec_module(importlib.util.module_from_spec(spec))
+print(labkit.probe.other_can_write(db))
+"""
+
+
+def _lock_case(lab, module: Path):
+    step = run_lab(lab, module, steps=["8"], seed=SEED).steps[0]
+    return {c.name: c for c in step.cases}[LOCK_CASE]
+
+
+@pytest.fixture(scope="module")
+def honest_lock_holder(lab, tmp_path_factory):
+    """The module that holds the write lock across send, without any lie: how step 8 fails it."""
+    module = tmp_path_factory.mktemp("holder") / "relay.py"
+    module.write_text(REFERENCE.read_text() + HOLDS_THE_LOCK_DURING_SEND)
+    case = _lock_case(lab, module)
+    assert case.outcome is Outcome.WRONG and case.clauses == ("8.claim-committed",), (case.outcome, case.got)
+    assert "the judge's own connection could not BEGIN IMMEDIATE" in case.got
+    return module, case
+
+
+def _fooled_in_the_child(module: Path, db: Path) -> str:
+    """What the child-side lock test says, in a process that imported `module`, while another
+    connection holds the write lock (the payload ran iff it says True)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", CHILD_SIDE_LOCK_TEST, str(db), str(module)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+@pytest.mark.parametrize("label", list(LIES))
+def test_a_lie_from_beside_the_probe_changes_nothing(lab, tmp_path, label, honest_lock_holder):
+    honest, honest_case = honest_lock_holder
+    module = tmp_path / "relay.py"
+    module.write_text(REFERENCE.read_text() + HOLDS_THE_LOCK_DURING_SEND + LIES[label])
+    # The payload works: in a process that imported it, the child-side lock test says "free"
+    # while the lock is held (and without the lie it says "locked").
+    assert _fooled_in_the_child(honest, tmp_path / "honest.db") == "False"
+    assert _fooled_in_the_child(module, tmp_path / "lied.db") == "True"
+    # ... and the verdict is the one the honest lock holder gets, from the judge's own look.
+    case = _lock_case(lab, module)
+    assert (case.outcome, case.clauses, case.got, case.hint) == \
+        (honest_case.outcome, honest_case.clauses, honest_case.got, honest_case.hint)
+    assert "Commit the claim before the first send" in case.hint
