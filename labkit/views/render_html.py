@@ -158,13 +158,15 @@ def render_group(group: grouping.Group, open_: bool) -> str:
 
 
 def render_same(group: grouping.Group) -> str:
-    """The other cases of a cause: one line each (title, what happened, a hint only where it differs)."""
+    """The other cases of a cause: one line each (title, what happened, and a hint where it
+    differs from the one above it)."""
     if not group.rest:
         return ""
-    items = []
+    items, said = [], group.lead.hint
     for case in group.rest:
         got = (case.got or "").strip().splitlines()[:1]
-        hint = f'<div class="lk-got">{rich(case.hint)}</div>' if case.hint and case.hint != group.lead.hint else ""
+        hint = f'<div class="lk-got">{rich(case.hint)}</div>' if case.hint and case.hint != said else ""
+        said = case.hint or said  # a hint once, for the run of cases it applies to
         items.append(f'<li>{_mark(case)} {rich(grouping.title(case))}'
                      f'{f"""<span class="lk-got"> — {visible(got[0][:200])}</span>""" if got else ""}{hint}</li>')
     return (f'<details class="lk-same"><summary>{escape(group.more_text())}</summary>'
