@@ -171,8 +171,8 @@ def build(release: NotebookNode, reference: str, targets: Targets, *, wrong_lock
     # --- lie from beside the probe -----------------------------------------------------------
     liar = solved(release, reference_parts(wrong_lock), ALL)
     _header_first(liar, "import labkit.probe as _probe\n_probe.other_can_write = lambda db: True")
-    # (checks/outbox.py:510 and labkit/judge/expect.py:142 do take "could another writer
-    # proceed?" from the child's report; here the step's other cases still catch the lock.)
+    # ("Could another writer proceed?" is the judge's own BEGIN IMMEDIATE, tried while the probe
+    # waits on the witness: the patch changes nothing.)
     entries.append(Entry("lia", "01-lab.ipynb", liar, ALL, earns=wrong_lock,
                          why="holds the write lock during send and patches the probe's lock test to say 'free'"))
 
