@@ -156,7 +156,7 @@ def test_lanes_come_from_the_data_with_numbered_actors_side_by_side():
 
 
 def test_timeline_svg_is_well_formed_and_draws_one_lane_per_actor():
-    svg = timeline_svg.render(VENDING_TIMELINE)
+    svg = timeline_svg.svg(VENDING_TIMELINE)
     root = ET.fromstring(svg)  # well-formed XML, one <svg> element
     assert root.tag.endswith("svg")
     labels = [el.text for el in root.iter() if el.tag.endswith("text")]
@@ -167,7 +167,7 @@ def test_timeline_svg_is_well_formed_and_draws_one_lane_per_actor():
 
 
 def test_the_kill_is_marked_in_its_own_row_on_its_own_lane():
-    svg = timeline_svg.render(VENDING_TIMELINE)
+    svg = timeline_svg.svg(VENDING_TIMELINE)
     assert svg.count('class="lk-kill"') == 1
     assert "os._exit(73) before ACK 0" in svg
     events = timeline_svg.rows(VENDING_TIMELINE)
@@ -178,16 +178,16 @@ def test_the_kill_is_marked_in_its_own_row_on_its_own_lane():
 
 
 def test_a_recognised_duplicate_is_highlighted():
-    svg = timeline_svg.render(VENDING_TIMELINE)
+    svg = timeline_svg.svg(VENDING_TIMELINE)
     assert svg.count('class="lk-duplicate"') == 1
     plain = [e for e in VENDING_TIMELINE if e["kind"] != "duplicate"]
-    assert 'class="lk-duplicate"' not in timeline_svg.render(plain)
+    assert 'class="lk-duplicate"' not in timeline_svg.svg(plain)
 
 
 def test_time_runs_downwards_even_when_events_were_recorded_out_of_order():
     shuffled = [VENDING_TIMELINE[i] for i in (3, 0, 6, 1, 2, 4, 5, 7)]
     assert [e.text for e in timeline_svg.rows(shuffled)] == [e["text"] for e in VENDING_TIMELINE]
-    assert timeline_svg.render([]) == ""
+    assert timeline_svg.svg([]) == "" and timeline_svg.render([]) == ""
 
 
 def test_an_event_on_a_server_lane_is_drawn_as_a_message_from_the_one_live_process():
@@ -203,7 +203,7 @@ def test_a_message_the_server_sent_points_back_to_the_process():
     assert not timeline_svg.outgoing("[client #1] ← ACK 0") and not timeline_svg.outgoing("POST snack-7 → applied")
     sent = [VENDING_TIMELINE[0], {"t": 10.01, "actor": "feed", "kind": "sent", "text": "→ EVENT 0 5"},
             VENDING_TIMELINE[3]]
-    svg = timeline_svg.render(sent)
+    svg = timeline_svg.svg(sent)
     feed_x = timeline_svg.LEFT + timeline_svg.LANE_WIDTH * 1.5
     assert f'<line x1="{feed_x}"' in svg  # the arrow starts on the feed's lane
 
@@ -211,7 +211,7 @@ def test_a_message_the_server_sent_points_back_to_the_process():
 def test_a_resume_is_labelled_along_its_arrow_from_the_client_to_the_feed():
     resume = [VENDING_TIMELINE[0], {"t": 10.05, "actor": "feed", "kind": "resume", "text": "[client #1] ← RESUME 2"},
               {"t": 10.30, "actor": "client #1", "kind": "exit", "text": "exit code 0"}]
-    svg = timeline_svg.render(resume)
+    svg = timeline_svg.svg(resume)
     labels = [el.text for el in ET.fromstring(svg).iter() if el.tag.endswith("text")]
     assert "RESUME 2" in labels and not any("←" in (t or "") or "→" in (t or "") for t in labels)
     client_x, feed_x = (timeline_svg.LEFT + timeline_svg.LANE_WIDTH * k for k in (0.5, 1.5))
