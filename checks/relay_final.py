@@ -34,7 +34,7 @@ from checks.relay_outbox import (
     same_number,
     shown,
 )
-from labkit.judge import freeze
+from labkit.judge import freeze, stores
 from labkit.judge.child import ChildRun
 from labkit.judge.expect import SKELETON_HINT, Miss, describe, import_problem
 from labkit.judge.hooks import KILLED_TEXT, release, run_to_hook
@@ -88,7 +88,8 @@ def check_final(ctx: StepContext) -> list[Case]:
     make_outbox(scene.db, [row("snack-1", qty=1), row("snack-2", qty=2)])
     make_outbox(scene.pills, [row(e["id"], qty=e["qty"]) for e in pills], counter=100)  # tokens 101, 102, ...
     wh = start_warehouse(ctx.path("warehouse.jsonl"),
-                         event_faults={scene.ids["refused"]: refused(reason), scene.ids["flaky"]: unavailable(2)})
+                         event_faults={scene.ids["refused"]: refused(reason), scene.ids["flaky"]: unavailable(2)},
+                         on_request=lambda: _audit_marks(scene))
     try:
         common = {"url": wh.url, "lease": LEASE, **scene.policy}
         _two_publishers(ctx, scene, {**common, "db": str(scene.db)})
@@ -105,7 +106,8 @@ def check_final(ctx: StepContext) -> list[Case]:
         scene.requests = [r for r in wh.requests() if r.get("method") == "POST"]
     finally:
         wh.close()
-    scene.entries = sorted(audit(scene.db) + audit(scene.pills), key=lambda e: e["t"])
+    scene.entries = sorted([{**e, "file": "outbox"} for e in audit(scene.db)]
+                           + [{**e, "file": "pills"} for e in audit(scene.pills)], key=lambda e: e["t"])
     for path in (scene.db, scene.pills):
         for seq, r in rows_of(path).items():
             scene.rows[r["id"]], scene.seq[r["id"]] = r, seq
@@ -113,6 +115,14 @@ def check_final(ctx: StepContext) -> list[Case]:
     _timeline(ctx, scene)
     _ladder(ctx, scene)
     return cases
+
+
+def _audit_marks(scene: Scene) -> dict[str, int]:
+    """How far each outbox's audit had got (its last `n`), read by the judge as a POST arrives:
+    every later entry was written after that POST arrived. The timeline's order rests on this,
+    not on comparing the warehouse's clock with the audit's (whole milliseconds)."""
+    return {label: int(stores.rows(path, "SELECT coalesce(max(n), 0) FROM judge_audit")[0][0])
+            for label, path in (("outbox", scene.db), ("pills", scene.pills))}
 
 
 def _two_publishers(ctx: StepContext, scene: Scene, common: dict) -> None:
@@ -157,8 +167,8 @@ def _two_publishers(ctx: StepContext, scene: Scene, common: dict) -> None:
             scene.after_b = rows_of(scene.db).get(2)
         finally:
             if pids:
+                scene.continued_at = time.time()  # stamped before the signal: nothing it wakes can precede it
                 freeze.thaw(pids)
-                scene.continued_at = time.time()
             release(session)
         return "continue"
 
@@ -588,12 +598,17 @@ def _timeline(ctx: StepContext, scene: Scene) -> None:
         timeline.append({"t": run.ended_at, "actor": actor, "kind": "killed" if killed else "exit",
                          "text": KILLED_TEXT if killed else f"exit code {run.exit_code}{tail}"})
     claimed_at: dict[str, float] = {}
+    drawn: dict[str, list[int]] = {}  # file → the audit numbers on the timeline, in order
     for e in scene.entries:
         if e["state"] == "leased":
             claimed_at[e["id"]] = e["lease_until"] - LEASE
         text = _audit_text(e, claimed_at.get(e["id"]))
         if text:
-            timeline.append({"t": e["t"], "actor": "outbox",
+            # One file's audit is in the order of its numbers, whatever its millisecond stamps say.
+            earlier = drawn.setdefault(e["file"], [])
+            after = [f"audit:{e['file']}:{earlier[-1]}"] if earlier else []
+            earlier.append(e["n"])
+            timeline.append({"t": e["t"], "actor": "outbox", "id": f"audit:{e['file']}:{e['n']}", "after": after,
                              "kind": "committed" if e["state"] == "sent" else e["state"], "text": text})
     for r in scene.requests:
         if r.get("outcome") == "duplicate":
@@ -602,8 +617,13 @@ def _timeline(ctx: StepContext, scene: Scene) -> None:
             kind, what = "applied", "applied"
         else:
             kind, what = "refused", f"{r.get('response')}, not applied"
-        timeline.append({"t": r.get("t_start", 0), "actor": "warehouse", "kind": kind,
-                         "text": f"POST {r.get('id')} with token {r.get('token')} → {what}"})
+        # What the judge saw when this POST arrived: every audit entry after that was written later
+        # (the publisher's "sent, saved under token N" among them), so it is drawn after the POST.
+        seen = r.get("seen") if isinstance(r.get("seen"), dict) else {}
+        later = [f"audit:{file}:{next(n for n in numbers if n > seen[file])}" for file, numbers in drawn.items()
+                 if isinstance(seen.get(file), int) and any(n > seen[file] for n in numbers)]
+        timeline.append({"t": r.get("t_start", 0), "actor": "warehouse", "id": f"post:{r.get('n')}", "before": later,
+                         "kind": kind, "text": f"POST {r.get('id')} with token {r.get('token')} → {what}"})
     timeline.extend(scene.notes)
     late = out_of_order(scene.requests, scene.seq, _pills(scene))
     if late and timeline:
@@ -621,9 +641,9 @@ def _audit_text(e: dict, claimed_at: float | None) -> str:
         return f"{e['id']}: redriven — pending again, last_error kept"
     if e["state"] == "pending":
         wait = f" +{e['due'] - claimed_at:.3g} s" if claimed_at is not None else ""
-        return f"{e['id']}: failed ({(e['last_error'] or '')[:30]}…), retry due{wait}"
+        return f"{e['id']}: failed ({e['last_error'] or ''}), retry due{wait}"
     if e["state"] == "quarantined":
-        return f"{e['id']}: quarantined with {(e['last_error'] or '')[:44]!r}"
+        return f"{e['id']}: quarantined with {e['last_error'] or ''!r}"
     return ""
 
 

@@ -217,6 +217,8 @@ class _State:
     records: list[dict] = field(default_factory=list)
     # With the student's receive in a child: the judge's channel to it (`_Remote`).
     remote: _Remote | None = None
+    # What the judge looks at the moment a request arrives (`start_warehouse(on_request=...)`).
+    on_request: Callable[[], Any] | None = None
 
     def next_n(self) -> int:
         with self.lock:
@@ -353,6 +355,7 @@ class _Handler(BaseHTTPRequestHandler):
     # Per-request facts for the log line; one request per handler instance.
     _n: int | None = None
     _t_start: float = 0.0
+    _seen: Any = None  # what on_request observed when this request arrived
     _fault: str = "none"
     _event_id: str | None = None
     _body: str | None = None  # the raw POST body, for the judge's canonical-body check
@@ -364,6 +367,12 @@ class _Handler(BaseHTTPRequestHandler):
         if self._n is None:
             self._t_start = time.time()
             self._n = self.server.state.next_n()
+            observe = self.server.state.on_request
+            if observe is not None:
+                try:  # before anything of the request is read or answered
+                    self._seen = observe()
+                except Exception as exc:  # the observer's own failure is evidence, not a crash
+                    self._seen = {"error": repr(exc)}
 
     def _reply(self, outcome: str, response: str, status: int | None, body: bytes = b"", *,
                content_type: str = "application/json", headers: dict[str, str] | None = None,
@@ -389,6 +398,7 @@ class _Handler(BaseHTTPRequestHandler):
             "error": error,
             "t_start": self._t_start,
             "t_end": time.time(),
+            **({"seen": self._seen} if self.server.state.on_request is not None else {}),
         })
         self.close_connection = True
         if status is None:
@@ -641,6 +651,7 @@ def start_warehouse(
     sink_path: Path | None = None,
     slow_seconds: float = 3.0,
     event_faults: dict[str, EventFault] | None = None,
+    on_request: Callable[[], Any] | None = None,
 ) -> Warehouse:
     """Start a warehouse on 127.0.0.1 and an ephemeral port, serving in background threads.
 
@@ -648,6 +659,9 @@ def start_warehouse(
     `event_faults[id]` applies to every delivery of that event ID (a positional fault wins).
     With `receive` and `open_sink` (and `sink_path`), each request opens its own sink
     connection in the handler thread; without them a built-in in-memory inbox is used.
+    `on_request()` is called in the judge's process the moment each request arrives, before its
+    body is read; what it returns is the request's `seen` in the log (lab 03's final check reads
+    how far each outbox's audit had got: every later entry was written after this POST arrived).
     """
     faults = _check_faults(faults)
     if (receive is None) != (open_sink is None):
@@ -664,6 +678,7 @@ def start_warehouse(
         sink_path=Path(sink_path) if sink_path is not None else None,
         slow_seconds=float(slow_seconds),
         event_faults={str(k): _check_event_fault(v) for k, v in (event_faults or {}).items()},
+        on_request=on_request,
     )
     return _launch(state)
 
