@@ -112,6 +112,12 @@ def _run_step(lab: LabSpec, spec: StepSpec, solution: Path, seed: int, timeout: 
         for marker in ctx.markers:
             reaper.kill_marked(marker)
         shutil.rmtree(workdir, ignore_errors=True)
+    if verdict.waiting:
+        # A scenario that never ran (the steps it needs are still the skeleton or missing): a
+        # timeline and a ladder would show a crash that did not happen. Faults are only listed
+        # once seen to take effect, so they stay.
+        ctx.evidence.timeline.clear()
+        ctx.evidence.ladder.clear()
     if ctx.evidence.timeline or ctx.evidence.ladder or ctx.evidence.faults:
         verdict.evidence = ctx.evidence
     verdict.seconds = time.monotonic() - started

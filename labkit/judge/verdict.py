@@ -107,6 +107,18 @@ class StepVerdict:
         return self.max_points if self.passed else 0
 
     @property
+    def waiting(self) -> bool:
+        """Nothing the student wrote has run and broken a rule yet: every failing case is the
+        skeleton, a missing function, or not reached because of those (not all merely not
+        reached: that is a hang or a death, which is red). The grey "waiting for your steps" of
+        a final check (`labkit.views.standing`): its scenario never ran, so it has no timeline
+        and no ladder (`labkit.judge.run`)."""
+        failing = [c for c in self.cases if not c.passed]
+        calm = (Outcome.NOT_IMPLEMENTED, Outcome.MISSING, Outcome.NOT_REACHED)
+        return (bool(failing) and all(c.outcome in calm for c in failing)
+                and not all(c.outcome is Outcome.NOT_REACHED for c in failing))
+
+    @property
     def not_implemented(self) -> bool:
         failing = [c for c in self.cases if not c.passed]
         return bool(failing) and all(

@@ -197,8 +197,15 @@ class Lab:
         except (OSError, ValueError, KeyError, StopIteration):
             display.show_next("No final check has run yet: run the final check's cell, then this one again.")
             return
+        if final.waiting:  # also a verdict saved before the judge stopped drawing these
+            display.show_next("Nothing to show yet: your last final check was waiting for your steps (some are "
+                              "still the skeleton or not run), so its scenario never ran and the judge observed "
+                              "nothing. Finish the steps still marked ·, run the final check's cell, then this "
+                              "one again.")
+            return
         if final.evidence is None or not final.evidence.ladder:
-            display.show_next("The last final check observed no rungs (did it run at all?): run it again.")
+            display.show_next("Nothing to show yet: the last final check observed no rungs (it did not get as far "
+                              "as the crash). Run the final check's cell again, then this one.")
             return
         display.show_ladder(final.evidence.ladder, verdict.seed)
 
