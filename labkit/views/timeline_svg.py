@@ -224,10 +224,11 @@ def table(timeline: list[dict]) -> str:
     cell = 'style="border:1px solid #cfd8dc;padding:2px 6px;text-align:left;vertical-align:top"'
     text_cell = ('style="border:1px solid #cfd8dc;padding:2px 6px;text-align:left;vertical-align:top;'
                  'white-space:pre-wrap;word-break:break-word;font-family:ui-monospace,Menlo,Consolas,monospace"')
+    short = cell[:-1] + ';white-space:nowrap"'
     head = "".join(f"<th {cell}>{h}</th>" for h in ("#", "time", "lane", "what", "full text"))
     body = "".join(
-        f'<tr class="lk-event-row"><td {cell}>{i + 1}</td><td {cell}>+{e.t - t0:.3f} s</td>'
-        f"<td {cell}>{escape(e.actor)}</td><td {cell}>{escape(e.kind)}</td>"
+        f'<tr class="lk-event-row"><td {short}>{i + 1}</td><td {short}>+{e.t - t0:.3f} s</td>'
+        f"<td {short}>{escape(e.actor)}</td><td {short}>{escape(e.kind)}</td>"
         f"<td {text_cell}>{escape(e.text)}</td></tr>"
         for i, e in enumerate(events))
     return ('<details class="lk-timeline-events" style="margin:4px 0">'
