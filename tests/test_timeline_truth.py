@@ -125,7 +125,7 @@ def test_text_is_never_smaller_than_the_minimum_and_the_picture_is_never_squeeze
     lanes = timeline_svg.lanes(timeline)
     assert len(lanes) == 8 and float(root.get("width")) >= timeline_svg.LEFT + timeline_svg.LANE_WIDTH * len(lanes)
     figure = timeline_svg.render(timeline)
-    assert '<div class="lk-timeline-scroll" style="overflow-x:auto' in figure
+    assert '<div class="lk-timeline-scroll" style="overflow-x:auto;width:0;min-width:100%"' in figure
     html = render_html.render_evidence(relay_final.evidence)  # what the notebook and the exports show
     assert "lk-timeline-scroll" in html and "lk-timeline-table" in html
 

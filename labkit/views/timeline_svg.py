@@ -210,8 +210,10 @@ def render(timeline: list[dict], title: str = "What happened, causes first") -> 
     if not timeline:
         return ""
     return ('<div class="lk-timeline-figure">'
-            f'<div class="lk-timeline-scroll" style="overflow-x:auto;max-width:100%">{svg(timeline, title)}</div>'
-            f"{table(timeline)}</div>")
+            # width 0 + min-width 100%: the box is as wide as the panel, and the picture never widens
+            # the panel (in a widget's flex layout the panel would otherwise grow to the picture)
+            f'<div class="lk-timeline-scroll" style="overflow-x:auto;width:0;min-width:100%">{svg(timeline, title)}'
+            f"</div>{table(timeline)}</div>")
 
 
 def table(timeline: list[dict]) -> str:
