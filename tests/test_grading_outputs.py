@@ -409,3 +409,35 @@ def test_the_kernel_never_inherits_the_workers_stdio_or_other_descriptors(tmp_pa
     assert b"PWNED" not in log.read_bytes() and b"PWNED" not in other.read_bytes()
     assert "PWNED" in said  # what reached the kernel's own stderr: our pipe, kept in memory
     assert len(said.encode()) <= 8192
+
+
+IGNORES_INTERRUPT = """
+import signal, time
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+print('FIRED: ignoring SIGINT', flush=True)
+while True:
+    time.sleep(0.05)
+"""
+
+
+def test_a_cell_that_ignores_the_interrupt_is_killed_after_the_grace_not_a_second_timeout(tmp_path):
+    """A kernel deaf to SIGINT (or whose channels a cell broke) used to hold its job for two
+    whole cell timeouts; it is stopped `INTERRUPT_GRACE` after the interrupt, and says so."""
+    import dataclasses
+
+    from labkit.grading.kernel_box import KernelBox
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(IGNORES_INTERRUPT), nbformat.v4.new_code_cell("print('after')")]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    limits = dataclasses.replace(Limits(), cell_timeout=3 * execute.INTERRUPT_GRACE, notebook_timeout=600.0)
+    uid = sandbox.uid() + 30_000 + os.getpid() % 50_000 if sandbox.support().ok else None
+    kernel = KernelBox(tmp_path / "kernel", "outbox", limits, f"test-{uuid.uuid4().hex}", uid, work=tmp_path)
+    run = execute.prepare(nb, set())
+    try:
+        result = execute.execute(run, kernel, limits)
+    finally:
+        kernel.close()
+    assert "FIRED: ignoring SIGINT" in "".join(o.get("text", "") for o in run.cells[0].outputs)
+    assert result.status == execute.TIMEOUT and result.died_at == 0, result
+    assert f"did not stop within {execute.INTERRUPT_GRACE:g} s of an interrupt" in result.message

@@ -62,6 +62,10 @@ class Execution:
 
 # A kernel that fails to start before any cell ran gets this many tries in all.
 START_ATTEMPTS = 2
+# After interrupting a cell over its timeout, how long the kernel has to stop before it is
+# killed: a kernel that ignores SIGINT (or whose channels a cell broke) would otherwise hold
+# its job for a second whole cell timeout.
+INTERRUPT_GRACE = 5.0
 
 
 def output_size(node) -> int:
@@ -95,6 +99,8 @@ class GradingClient(NotebookClient):
         self.kill_kernel = kill_kernel
         self.current_cell: int | None = None
         self.interrupted: set[int] = set()
+        self.killed_at: int | None = None  # the cell whose interrupt did not stop it in time
+        self.finished: set[int] = set()
         self.held: dict[int, int] = {}
         self.sizes: dict[int, dict[int, tuple[NotebookNode, int]]] = {}  # cell → id(output) → (it, size)
         self.total_bytes = 0
@@ -102,9 +108,13 @@ class GradingClient(NotebookClient):
         self.dropped: dict[int, int] = {}
         self.widget_messages: dict[int, int] = {}
         self.on_cell_start = self._started
+        self.on_cell_executed = self._executed
 
     def _started(self, cell: NotebookNode, cell_index: int) -> None:
         self.current_cell = cell_index
+
+    def _executed(self, cell: NotebookNode, cell_index: int, execute_reply=None, **_) -> None:
+        self.finished.add(cell_index)
 
     def _room(self, cell_index: int) -> int:
         return min(self.limits.cell_output_bytes - self.held.get(cell_index, 0),
@@ -228,7 +238,16 @@ class GradingClient(NotebookClient):
                 "Cell execution timed out, and did not stop when interrupted", timeout, cell)
         self.interrupted.add(index)
         await ensure_async(self.km.interrupt_kernel())
+        grace = threading.Timer(INTERRUPT_GRACE, self._kill_if_still, args=(index,))
+        grace.daemon = True
+        grace.start()
         return None
+
+    def _kill_if_still(self, index: int) -> None:
+        """The interrupted cell is still the one running: the interrupt did not end it."""
+        if self.current_cell == index and index not in self.finished:
+            self.killed_at = index
+            self.kill_kernel()
 
 
 def prepare(nb: NotebookNode, skip: set[str]) -> NotebookNode:
@@ -316,7 +335,12 @@ def execute(nb: NotebookNode, kernel: KernelBox, limits: Limits) -> Execution:
                                   "stop when interrupted; the kernel was stopped there.")
             except DeadKernelError:
                 result.died_at = client.current_cell
-                if out_of_time.is_set():
+                if client.killed_at is not None:
+                    result.status = TIMEOUT
+                    result.message = (f"Cell {client.killed_at} ran over {limits.cell_timeout:g} s and did not "
+                                      f"stop within {INTERRUPT_GRACE:g} s of an interrupt; the kernel was "
+                                      "stopped there.")
+                elif out_of_time.is_set():
                     result.status = TIMEOUT
                     result.message = (f"The notebook ran over its {limits.notebook_timeout:g} s limit; "
                                       f"the kernel was stopped at cell {client.current_cell}.")

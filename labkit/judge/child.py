@@ -343,15 +343,13 @@ def _parse(data: bytes) -> list[dict]:
 
     A complete line the judge cannot read (too deep, too large, not JSON, anything else) is
     dropped and replaced by a `_malformed` record, so the child's verdict says so; the
-    unterminated tail of a killed child (a torn last line) is dropped silently, unless the
-    result pipe was cut at `MAX_RESULT_BYTES` (then that is said too)."""
+    unterminated tail (a killed child's torn last line, or the pipe cut at `MAX_RESULT_BYTES`)
+    is dropped silently: the cases it would have reported count as not reached, and those
+    reported before keep their verdicts (a student whose function returns a huge value is told
+    about that value, not that the process ended)."""
     records = []
     lines = data.split(b"\n")
-    tail = lines.pop()
-    if tail.strip() and len(data) >= MAX_RESULT_BYTES:
-        records_tail = [_malformed(f"more than {MAX_RESULT_BYTES} bytes of reports")]
-    else:
-        records_tail = []
+    lines.pop()
     for line in lines:
         if not line.strip():
             continue
@@ -373,7 +371,7 @@ def _parse(data: bytes) -> list[dict]:
             records.append(record)
         else:
             records.append(_malformed(f"a record that is not a JSON object ({type(record).__name__})"))
-    return records + records_tail
+    return records
 
 
 # --- a child that stays up and answers calls one at a time ---------------------------------
