@@ -72,6 +72,7 @@ def judge_session(uid: int, module: Path, env: dict[str, str], tables: Path | No
     env[launcher.FD_ENV] = str(launch.judge_end.fileno())
     box = sandbox.Box.open(profiles.judge_box(uid, module=module, tmp=JUDGE_TMP, env=env, tables=tables),
                            sandbox.support().cgroups)
+    box.before_close = launch.close  # its children first: they live in the judge's namespaces
 
     def spawn(argv: list[str], **popen) -> subprocess.Popen:
         proc = box.spawn(argv, cwd=JUDGE_TMP, env=env, start_new_session=True,

@@ -41,6 +41,8 @@ def box_pids(proc) -> list[int]:
             found.update(listed())
         except Exception:  # noqa: BLE001 - a box closed meanwhile lists nothing
             pass
+    if callable(listed) and (getattr(box, "group", None) is not None or getattr(box, "remote", False)):
+        return sorted(found - {os.getpid()})  # a cgroup lists every process of the box, setsid or not
     pid = getattr(proc, "pid", None)
     mine = _ns(os.getpid())
     if isinstance(pid, int) and box is not None and getattr(box, "active", False):

@@ -16,6 +16,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -70,7 +71,7 @@ def hand_over(path: Path, uid: int, gid: int) -> None:
                 pass
 
 
-def _collect(pids: set[int], grace: float = ORPHAN_GRACE) -> None:
+def _collect(pids: set[int], grace: float = ORPHAN_GRACE, parents: frozenset[int] = frozenset()) -> None:
     """Collect the killed processes of a sandbox that re-parented to the judge.
 
     When bwrap dies before its first process inside (a cgroup kill signals both at once), that
@@ -80,7 +81,7 @@ def _collect(pids: set[int], grace: float = ORPHAN_GRACE) -> None:
     """
     from labkit.judge import reaper
 
-    reaper.collect(pids, time.monotonic() + grace)
+    reaper.collect(pids, time.monotonic() + grace, parents)
 
 
 @dataclass
@@ -103,6 +104,9 @@ class Box:
     mntns_fd: int | None = None
     _early: dict = field(default_factory=dict)
     _pending: bytes = b""
+    # Run first when the box closes: what lives in its namespaces but is not its own to end (a
+    # judge's box: the launcher's children, nested in its pid namespace, keep its init alive).
+    before_close: Callable[[], None] | None = None
 
     @classmethod
     def open(cls, policy: Policy, hierarchy: cgroups.Hierarchy | None = None, *,
@@ -273,6 +277,8 @@ class Box:
         """
         if not self._closed:
             self._closed = True
+            if self.before_close is not None:
+                self.before_close()
             self.started()
             self._state = self._status()
             if self._status_r is not None:
@@ -285,11 +291,14 @@ class Box:
                 self.group.remove()
                 orphans |= self.group.orphans
                 self.group = None
-            if "child-pid" in self._state and self.pidns_fd is None:  # else: not our numbering
+            # (a launched box's number is the judge's, never ours)
+            if "child-pid" in self._state and self.pidns_fd is None:
                 orphans.add(int(self._state["child-pid"]))
             if proc is not None:  # bwrap itself is the caller's Popen to wait for, never ours
                 orphans.discard(proc.pid)
-            _collect(orphans)
+            # An orphan is on its way to us only through bwrap (our child): waiting for a number
+            # that another process took meanwhile cost a judge's box 10 s.
+            _collect(orphans, parents=frozenset({proc.pid}) if proc is not None else frozenset())
         raw = proc.__dict__.get("_raw_returncode", proc.returncode) if proc is not None else None
         code = returncode(raw)
         usage = self._usage

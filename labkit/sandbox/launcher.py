@@ -98,7 +98,9 @@ class Launcher:
         self._thread.start()
 
     def close(self) -> None:
-        """Kill every child's sandbox, wait for their clean-up, let go of everything."""
+        """Kill every child's sandbox, wait for their clean-up, let go of everything. Once."""
+        if self._closed:
+            return
         self._closed = True
         try:
             self.sock.shutdown(socket.SHUT_RDWR)

@@ -125,6 +125,7 @@ class RemoteBox:
     code_modules: tuple[str, ...] = ()
     number: int | None = None
     active: bool = True
+    remote: bool = True  # its processes are listed by the launcher, from the box's cgroup
     group = None
 
     def spawn(self, argv: list[str], *, stdin=None, stdout=None, stderr=None, cwd=None, env=None,
