@@ -48,6 +48,10 @@ from labkit.judge import reaper
 from labkit.notebook.module_export import assemble, parts_from_notebook
 from tests.submissions import corpus, hostile
 
+# The corpus is graded in the first test's set-up: under CI's load that takes more than the
+# default 300 s.
+pytestmark = pytest.mark.timeout(900)
+
 ROOT = Path(__file__).resolve().parents[1]
 SEED = 4242
 TOKEN_VAR = "LABKIT_GRADING_TEST_TOKEN"
@@ -58,7 +62,9 @@ needs_release = pytest.mark.skipif(SOURCES is None, reason="no released lab note
 
 # The grader's sandbox uids in these tests (base + 1 + slot): this test process's own, so that
 # sandboxed processes of other runs on a shared machine are never counted as ours.
-GRADER_UID = sandbox.uid() + 10_000 + os.getpid() % 100_000
+# A block of 100 uids per test process (xdist worker): the grader gives each submission a uid
+# of its own, from the base up, so two workers' batches never share one.
+GRADER_UID = sandbox.uid() + 10_000 + (os.getpid() % 500) * 100
 
 
 def grader_env(tmp: Path, token: str) -> dict[str, str]:
@@ -156,9 +162,9 @@ def zombie_children() -> set[str]:
     return found
 
 
-def sandbox_uid_processes() -> list[str]:
-    """Processes running as one of the grader's sandbox uids (one per --jobs slot)."""
-    uids = {GRADER_UID + n for n in range(0, 9)}
+def sandbox_uid_processes(first: int = GRADER_UID, count: int = 50) -> list[str]:
+    """Processes running as one of a batch's sandbox uids (one per submission, from the base up)."""
+    uids = {first + n for n in range(count)}
     found = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():

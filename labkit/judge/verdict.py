@@ -11,7 +11,7 @@ from enum import StrEnum
 # course's code. A verdict about a student's code must contain none of them (issue 8 item 7;
 # tests/test_no_course_blame.py, benchmarks/mutation_score.py).
 COURSE_FAULT = ("the checker itself failed", "bug in the course", "please report it", "warehouse failed",
-                "warehouse process exited", "was not ready within", "labkit/")
+                "warehouse process exited", "was not ready within", "the machine is too busy", "labkit/")
 
 
 def course_faults(steps: list[StepVerdict]) -> list[str]:

@@ -42,6 +42,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from labkit.limits import STEP_TIMEOUT
+
 FAULTS = (
     "none",
     "drop_after_commit",
@@ -805,7 +807,7 @@ def spawn_warehouse(
     log_path: Path,
     workdir: Path,
     faults: Sequence[str] = (),
-    ready_timeout: float = 5.0,
+    ready_timeout: float = STEP_TIMEOUT,  # the import budget every judged child has
     *,
     slow_seconds: float = 3.0,
     marker: str | None = None,
@@ -846,7 +848,10 @@ def spawn_warehouse(
                 raise WarehouseStartError(
                     f"warehouse process exited with code {run.exit_code} before it was ready"
                     + (f"; stderr ends with: {tail}" if tail else ""))
-            raise WarehouseStartError(f"warehouse process was not ready within {ready_timeout} s")
+            if not run.reached_module:  # only the course's code ran: never the student's fault
+                raise WarehouseStartError(f"the warehouse's process did not get as far as loading your module "
+                                          f"within {ready_timeout:g} s: the machine is too busy, not your code")
+            raise WarehouseStartError(f"warehouse process was not ready within {ready_timeout:g} s")
         log_path = Path(log_path)
         state = _State(log_path=log_path, log_fd=_open_log(log_path), faults=faults, receive=None,
                        open_sink=None, sink_path=Path(sink_path), slow_seconds=float(slow_seconds),
