@@ -129,7 +129,8 @@ def row_points(row: dict) -> dict[str, int]:
 
 # --- the corpus, graded once: honest neighbours and attackers in one batch ---------------------
 
-SKIP_DIRS = {".git", ".venv", "__pycache__", ".pytest_cache", ".ruff_cache", ".mypy_cache"}
+SKIP_DIRS = {".git", ".venv", "__pycache__", ".pytest_cache", ".ruff_cache", ".mypy_cache",
+             ".hypothesis"}  # Hypothesis' example database: other tests write it meanwhile
 
 
 def tree_hash(top: Path) -> dict[str, str]:

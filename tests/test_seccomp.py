@@ -374,7 +374,8 @@ JUDGE_VIEW = textwrap.dedent(r'''
     found = {"uid": os.getuid(), "CapEff": status["CapEff"].strip(), "CapBnd": status["CapBnd"].strip(),
              "keyctl": errno_of("keyctl", 0, -2, 0), "ptrace": errno_of("ptrace", 0x4206, 1, 0, 0),
              "cgroupfs": os.path.exists("/sys/fs/cgroup"), "sys": os.path.exists("/sys"),
-             "environ": sorted(os.environ)}
+             "environ": sorted(os.environ),
+             "processes": sorted(int(p) for p in os.listdir("/proc") if p.isdigit())}
     run = child.run_child(Path(sys.argv[2]), "labkit.probe:noop", {}, workdir=Path(tempfile.mkdtemp()), timeout=60)
     found["child"] = [l.split(":")[1].strip() for l in run.stdout.splitlines() if l.startswith(("Seccomp", "Uid"))]
     found["child_err"] = run.stderr[-500:]
@@ -406,6 +407,7 @@ def test_the_judges_box_is_unprivileged_and_its_children_come_from_the_launcher(
     assert found["keyctl"] == errno.EPERM
     assert found["ptrace"] == errno.EPERM
     assert not found["cgroupfs"] and not found["sys"]
+    assert max(found["processes"]) < 10, found["processes"]  # its own pid namespace: no other job's
     allowed = {*profiles.base_env(), *profiles.PASS_THROUGH, *judge_box.JUDGE_SETTINGS, "PYTHONPATH", "PWD",
                "PYTHONDONTWRITEBYTECODE", "LABKIT_LAUNCHER_FD"}
     assert set(found["environ"]) <= allowed, set(found["environ"]) - allowed  # built from nothing

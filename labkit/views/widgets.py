@@ -154,7 +154,8 @@ def quiz_panel(lab: str, questions: list[dict], saved: dict[str, dict],
 
         def show(chosen: int, buttons=buttons, question=question, explanation=explanation) -> None:
             for i, (button, option) in enumerate(zip(buttons, question["options"], strict=True)):
-                button.button_style = "success" if option["correct"] else ("danger" if i == chosen else "")
+                # only the option clicked is coloured: a wrong click must not light up the right one
+                button.button_style = ("success" if option["correct"] else "danger") if i == chosen else ""
             explanation.value = f'<div class="lk-quiz" style="margin:2px 0 8px">{why_html(question, chosen)}</div>'
 
         for index, option in enumerate(question["options"]):
