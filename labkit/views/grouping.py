@@ -22,8 +22,9 @@ The order, so the group about the mistake comes first: groups of cases that did 
 consequence of an earlier wrong step); then a symptom shared by cases about SYMPTOM_CLAUSES or
 more clauses after a group about one or two (the shared one follows from a cause); then the
 check's own order (checks try the basic rules first). Measured on a quarter of the catalogue
-of wrong solutions (84 files, seed 1, the promised step): 324 failing rows → 130 groups, and
-the first group is about the promised clause for 82 of 84 (tests/test_grouping.py).
+of wrong solutions (84 files, seed 1, the promised step): 324 failing rows → 130 groups. Over
+the whole catalogue, 309 of 337 files show at most 3 rows with the promised clause's first
+(tests/test_grouping.py lists the 28 others as known misses).
 """
 
 from __future__ import annotations
