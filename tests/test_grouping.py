@@ -190,7 +190,6 @@ KNOWN_MISSES = {
     "relay:complete_checks_the_clock",
     "relay:redrive_counts_one_attempt",
     "relay:relay_after_claim_after_send",
-    "relay:relay_claims_at_wall_clock",
     "relay:relay_stops_at_permanent_error",
     "vending:ack_before_commit",
     "vending:connect_before_store",
@@ -201,10 +200,16 @@ KNOWN_MISSES = {
     "vending:validates_what_it_returns",}
 
 
+# Missed in one run and met in another (a relay race decides which case fails first).
+VARIES = {"relay:relay_claims_at_wall_clock"}
+
+
 def _params():
     for lab, path in WRONG:
         name = f"{lab}:{path.stem}"
         marks = [pytest.mark.xfail(strict=True, reason="a known miss of the grouping")] if name in KNOWN_MISSES else []
+        if name in VARIES:
+            marks = [pytest.mark.xfail(strict=False, reason="its first failing case depends on a race")]
         yield pytest.param(lab, path, id=name, marks=marks)
 
 
@@ -234,7 +239,7 @@ def test_a_wrong_solution_shows_its_mistake_first_in_few_rows_with_fitting_hints
 
 def test_every_sibling_first_file_exists():
     assert sorted(set(SIBLING_FIRST) - {f"{lab}:{p.stem}" for lab, p in WRONG}) == []
-    assert sorted(KNOWN_MISSES - {f"{lab}:{p.stem}" for lab, p in WRONG}) == []
+    assert sorted((KNOWN_MISSES | VARIES) - {f"{lab}:{p.stem}" for lab, p in WRONG}) == []
 
 
 def test_validate_event_cases_show_each_call_as_a_call():
