@@ -280,26 +280,9 @@ class _State:
         # an uncommitted change must be lost, so the judge sees it missing from the sink.
         assert self.receive is not None
         assert self.open_sink is not None
-        con = None
-        try:
-            con = self.open_sink(self.sink_path)
-            result = self.receive(con, event)
-        except BaseException as exc:  # student code may raise anything, even SystemExit
-            if any(cls.__name__ == "Conflict" for cls in type(exc).__mro__):
-                return "conflict", _describe(exc)
-            if isinstance(exc, ValueError):
-                return "bad_request", _describe(exc)
-            return "error", _describe(exc)
-        finally:
-            if con is not None:
-                # A broken sink object must not cost the client its answer.
-                with contextlib.suppress(Exception):
-                    con.close()
-        if result is True:
-            return "applied", None
-        if result is False:
-            return "duplicate", None
-        return "error", f"receive returned {result!r}, expected True or False"[:MAX_ERROR_CHARS]
+        from labkit.probe.warehouse import apply  # the one reading of receive's outcome
+
+        return apply(self.open_sink, self.receive, self.sink_path, event)
 
 
 # ---------------------------------------------------------------------------------------------
