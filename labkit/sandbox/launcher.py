@@ -140,6 +140,8 @@ class Launcher:
                 break  # the judge is gone
             reply: dict = {}
             try:
+                if _too_deep(data):  # never a recursive parser's RecursionError, even caught
+                    raise Refused("a request nested too deep")
                 request = json.loads(data)
                 if not isinstance(request, dict):
                     raise Refused("a request is a JSON object")
@@ -243,6 +245,12 @@ class Launcher:
         self._send({"event": "exit", "box": number, "code": child.proc.returncode,
                     "outcome": str(report.outcome), "oom_kills": report.oom_kills,
                     "pids_refused": report.pids_refused})
+
+
+def _too_deep(data: bytes, limit: int = 16) -> bool:
+    from labkit.judge.child import _too_deep as deeper
+
+    return deeper(data, limit)
 
 
 def _inside(path: str, folder: str) -> bool:
