@@ -542,6 +542,10 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 def _parse_event(body: bytes) -> tuple[dict | None, str | None]:
+    from labkit.judge.child import _too_deep
+
+    if _too_deep(body):  # refused before a recursive parser sees it (64 KB of "[")
+        return None, "event nested too deep"
     try:
         event = json.loads(body.decode("utf-8"))
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError, JSONDecodeError; 64 KB of "["
