@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from labkit.limits import STEP_TIMEOUT
+from labkit.probe.warehouse import _describe  # one way to quote a student's exception
 
 FAULTS = (
     "none",
@@ -131,14 +132,6 @@ def _append_line(fd: int | None, record: dict) -> None:
     data = (json.dumps(record) + "\n").encode("ascii")
     with contextlib.suppress(OSError):
         os.write(fd, data)
-
-
-def _describe(exc: BaseException) -> str:
-    try:
-        text = f"{type(exc).__name__}: {exc}"
-    except Exception:  # a student's exception whose __str__ itself raises
-        text = f"{type(exc).__name__}: <unprintable>"
-    return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 3] + "..."
 
 
 @dataclass(frozen=True)
