@@ -728,8 +728,11 @@ def build(release: NotebookNode, reference: str, targets: Targets, *, wrong_mark
     entries.append(Hostile("printer", "01-lab.ipynb", printer, ALL, evidence=("FIRED:printer: started",),
                            why="printed text that splits into formulas"))
     fdw = ref()
+    # The pause lets the kernel's IOPub thread send 'started' before the loop writes over the
+    # fds that thread sends on: without it the one piece of evidence could be lost (it was, once).
     _after(fdw, setup, kernel_cell("fdw", TRY + f"""
-import os
+import os, time
+time.sleep(1)
 for _fd in range(256):
     _t(str(_fd), lambda: os.write(_fd, b'\\n{FDW}\\n'))
 for _p in os.listdir('/proc/self/fd'):
