@@ -142,3 +142,44 @@ def test_the_coverage_command_writes_and_checks_the_document(toy, tmp_path):
     assert coverage.main(["--check", str(out)]) == 0
     out.write_text(text.replace("1: a plain int", "1: something else"))
     assert coverage.main(["--check", str(out)]) == 1
+
+
+def _lesson_cells(lab: str) -> dict[str, str]:
+    """Cell id → source, in the lab's student notebook as the build writes it."""
+    import nbformat
+
+    [path] = (coverage.ROOT / "notebooks").glob(f"[0-9][0-9]-{lab}.ipynb")
+    return {cell.id: cell.source for cell in nbformat.read(path, as_version=4).cells}
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_every_rule_a_steps_check_tries_is_stated_in_that_steps_lesson(lab):
+    """A student never meets a rule first as a red case: every clause a case of step N is tagged
+    with, in the reference's verdict, is listed (id and wording) in the "What the check tries" of
+    step N or of an earlier step (step 8 of relay calls step 6's function, so it tries 6's rules)."""
+    from labkit.notebook import rules
+
+    contract = {clause.id: rules.item(clause) for clause in labs.load(lab).contract}
+    cells = _lesson_cells(lab)
+    order = list(cells)
+    unstated = []
+    for step in reference_verdict(lab).steps:
+        here = order.index(rules.cell_id(lab, str(step.step))) if rules.cell_id(lab, str(step.step)) in cells else -1
+        for clause in sorted({c for case in step.cases for c in case.clauses}):
+            where = rules.cell_id(lab, clause.partition(".")[0])
+            stated = clause in contract and contract[clause] in cells.get(where, "")
+            if not stated or order.index(where) > here:
+                unstated.append(f"step {step.step} tries {clause}, which no lesson text at or above it states")
+    assert not unstated, "\n".join(unstated)
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_the_rules_cell_sits_just_above_the_code_it_is_about(lab):
+    from labkit.notebook import rules
+
+    ids = list(_lesson_cells(lab))
+    steps = {clause.step for clause in labs.load(lab).contract}
+    for step in steps:
+        below = f"{lab}-check-final" if step == "final" else f"{lab}-step-{step}"
+        assert rules.cell_id(lab, step) in ids and below in ids, (lab, step)
+        assert ids.index(below) == ids.index(rules.cell_id(lab, step)) + 1, (lab, step)

@@ -15,6 +15,7 @@ from pathlib import Path
 import nbformat
 
 from labkit.labs import MODULE_FILES
+from labkit.notebook import rules
 from labkit.notebook.module_export import HEADER, MAGIC, assemble
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -116,12 +117,19 @@ def _nbgrader(grade_id: str, *, grade=False, solution=False, locked=False, point
 def student_notebook(lesson: Lesson) -> nbformat.NotebookNode:
     from labkit.labs import load
 
-    points = {str(s.step): s.points for s in load(lesson.lab).steps}
+    spec = load(lesson.lab)
+    points = {str(s.step): s.points for s in spec.steps}
     nb = nbformat.v4.new_notebook()
     nb.metadata = {"kernelspec": KERNELSPEC, "language_info": {"name": "python"},
                    "labkit": {"lab": lesson.lab, "module": MODULE_FILES[lesson.lab], "format": 1}}
     for index, block in enumerate(lesson.blocks):
         gid = f"{lesson.lab}-{block.kind}-{block.arg or index}"
+        if (block.kind == "step" or block.kind == "check" and block.arg == "final") and \
+                (text := rules.markdown(spec.contract, block.arg)):
+            cell = nbformat.v4.new_markdown_cell(text)
+            cell.metadata = {"nbgrader": _nbgrader(rules.cell_id(lesson.lab, block.arg), locked=True), **_locked()}
+            cell.id = rules.cell_id(lesson.lab, block.arg)
+            nb.cells.append(cell)
         if block.kind == "markdown":
             cell = nbformat.v4.new_markdown_cell(block.text)
             cell.metadata = {"nbgrader": _nbgrader(f"{lesson.lab}-md-{index}", locked=True), **_locked()}

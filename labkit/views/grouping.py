@@ -160,6 +160,13 @@ def title(case: Case) -> str:
     return name if len(expected) > TITLE_EXPECTED or not expected else f"{name} → {expected}"
 
 
+def rule(case: Case) -> str:
+    """The rule a failing case caught, by the name the lesson's "What the check tries" lists it under."""
+    if case.passed or not case.clauses:
+        return ""
+    return ", ".join(case.clauses) + " (listed in the lesson under “What the check tries”)"
+
+
 def summary(step: StepVerdict) -> list[tuple[Case, int]]:
     """(lead case, how many more) per group, in order: what every view shows."""
     return [(g.lead, len(g.rest)) for g in groups(step)]

@@ -225,7 +225,8 @@ def legend(html: str) -> str:
 def render_facts(case: Case) -> str:
     """What was called, what was expected, what happened (and the student's own traceback)."""
     rows = "".join(f'<div class="lk-kv"><span class="lk-k">{label}</span><span class="lk-v">{visible(text)}</span></div>'
-                   for label, text in (("called", case.called), ("expected", case.expected), ("got", case.got))
+                   for label, text in (("called", case.called), ("expected", case.expected), ("got", case.got),
+                                       ("rule", grouping.rule(case)))
                    if text)
     trace = f'<pre class="lk-trace">{escape(case.trace.rstrip())}</pre>' if case.trace else ""
     return f'<div class="lk-detail">{rows}</div>{trace}'

@@ -27,6 +27,8 @@ def case_lines(case: Case, more: int = 0) -> list[str]:
     lines = [f"  {mark} {case.name if case.passed else grouping.title(case)}"]
     if not case.passed:
         lines += [textwrap.indent(case.message, "      ")]
+        if rule := grouping.rule(case):
+            lines.append(f"      rule: {rule}")
     if more:
         lines.append(f"      + {more} more fail{'s' if more == 1 else ''} the same way")
     return lines

@@ -263,3 +263,22 @@ def test_a_course_update_keeps_the_students_step_code(course, page):
     expect(step).to_contain_text("my own accept, before the update")
     assert list((clone / "workspace" / "work" / "backups").glob("01-outbox-*.ipynb"))
     shot(page, step, "first-hour-after-update.png")
+
+
+def test_what_the_check_tries_opens_above_the_step_and_reads_as_plain_words(course, page):
+    """Step 1's rules, unfolded in JupyterLab: each rule's name in code, the contract's own
+    characters ('_', '*', '\\t', '$') shown as written, never as emphasis, escapes or LaTeX."""
+    nb = course_notebook(course.clone, "01-outbox.ipynb")
+    open_fresh(page, course.server, "01-outbox.ipynb")
+    rules = cells(page).nth(index_of(nb, "outbox-rules-1"))
+    rules.scroll_into_view_if_needed()
+    summary = rules.locator("summary")
+    expect(summary).to_contain_text("What the check tries")
+    expect(rules.locator("li").first).to_be_hidden()  # folded until asked
+    summary.click()
+    expect(rules.locator("li code", has_text="1.id-rest")).to_be_visible()
+    text = rules.inner_text()
+    assert "'_'" in text and "'*'" in text and "\\t" in text, text
+    assert "\\_" not in text and "\\*" not in text, text
+    assert rules.locator("em, .MathJax, mjx-container").count() == 0
+    shot(page, rules, "first-hour-what-the-check-tries.png")
