@@ -190,6 +190,15 @@ def run_cell(page, index: int) -> None:
     page.keyboard.press("Shift+Enter")
 
 
+def wait_cell_done(page, index: int, timeout: int = 60_000) -> None:
+    """Until this cell's prompt shows its execution number: "Idle" in the status bar can be read
+    before a queued cell has even started (right after a restart, the first run imports slowly)."""
+    from playwright.sync_api import expect
+
+    prompt = cells(page).nth(index).locator(".jp-InputArea-prompt")
+    expect(prompt).to_have_text(re.compile(r"\[\d+\]"), timeout=timeout)
+
+
 def restart_kernel(page) -> None:
     menu(page, "Kernel", "Restart Kernel…")
     page.locator(".jp-Dialog-button.jp-mod-accept").click()
