@@ -19,10 +19,12 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing
 from pathlib import Path
 
+from checks import relay_boundaries as boundaries
 from checks.oracles import relay as oracle
 from checks.relay_contract import CLAUSES
 from checks.relay_final import check_final
 from checks.relay_outbox import (
+    SCHEMA,
     TOKEN_HINT,
     audit,
     claims_in,
@@ -69,8 +71,29 @@ def value(item) -> dict:
 
 def calls_on(ctx: StepContext, plans: list[Plan], specs: list[dict]) -> list[Case]:
     """One child calls each spec's function on its file; right after each call, while the probe
-    still holds the connection, the judge tries BEGIN IMMEDIATE itself (`relay_witness`)."""
-    return watched_cases(ctx, "on_outbox", plans, {"calls": specs}, {s["name"]: Path(s["db"]) for s in specs})
+    still holds the connection, the judge tries BEGIN IMMEDIATE itself (`relay_witness`). A spec
+    run once per statement (`relay_boundaries`) is looked at after every run."""
+    paths = {s["name"]: Path(s["db"]) for s in specs}
+    for s in specs:
+        if "boundaries" in s:
+            paths.update(boundaries.watched(s["name"], s["boundaries"]))
+    return watched_cases(ctx, "on_outbox", plans, {"calls": specs}, paths)
+
+
+def between_statements(ctx: StepContext, fn: str, called: str, template: Path, args: list, clause: str,
+                       writer: list | dict, judge, expected: str,
+                       clauses: tuple[str, ...] = ()) -> tuple[list[Plan], list[dict]]:
+    """One case that runs `fn` once per statement, three ways (`relay_boundaries`): another
+    publisher committing just before that statement, that statement failing, and a
+    KeyboardInterrupt right after it."""
+    dbs = boundaries.files(template, ctx.workdir)
+    name = f"{fn} between any two statements: another publisher's commit, a failure, a Ctrl-C"
+    plan = Plan(name, f"{called}, once per statement: another publisher committing just before it; then it failing "
+                      "with sqlite3.OperationalError('interrupted'); then a KeyboardInterrupt right after it",
+                f"{expected}; a failure or KeyboardInterrupt propagates, leaves no transaction open and the file as "
+                "before or as after the whole call", boundaries.between(fn, dbs, clause, judge),
+                clauses=(clause, *clauses))
+    return [plan], [boundaries.spec(name, fn, args, dbs, writer)]
 
 
 def refused(hint: str, clause: str, path: Path, before: list, untouched_hint: str | None = None):
@@ -164,12 +187,28 @@ def check_open(ctx: StepContext) -> list[Case]:
     rng = ctx.rng
     new, twice, saved, garbage = (ctx.path(n) for n in ("new.db", "twice.db", "saved.db", "not-a-db.db"))
     last = rng.randint(20, 900)
-    kept = [row(name(rng, "kept"), state="sent", fence=last - 3, attempts=1),
-            row(name(rng, "kept"), state="leased", owner="A", lease_until=123.5, fence=last, attempts=2),
-            row(name(rng, "kept"), state="quarantined", fence=last - 1, attempts=5, last_error="PermanentError: x")]
+    # The counter is ahead of every token left in the rows (the rows that took the last tokens were
+    # deleted by the operator): a counter recomputed from the rows would hand those tokens out again.
+    kept = [row(name(rng, "kept"), state="sent", fence=last - 9, attempts=1),
+            row(name(rng, "kept"), state="leased", owner="A", lease_until=123.5, fence=last - 6, attempts=2),
+            row(name(rng, "kept"), state="quarantined", fence=last - 7, attempts=5, last_error="PermanentError: x")]
     make_outbox(saved, kept, counter=last, audit=False, wal=False)  # a file from before WAL: open must switch it
     before = stores.fingerprint(saved)
     garbage.write_bytes(b"this is not a database, just text\n" * 64)
+    # Files that have some of the tables: set-up must create whatever is missing, not stop at the
+    # first table it finds.
+    outbox_only, counter_only = ctx.path("outbox-only.db"), ctx.path("counter-only.db")
+    outbox_sql, counter_sql = (s.strip() + ";" for s in SCHEMA.split(";") if s.strip())
+    only_row = row(name(rng, "only"), state="sent", fence=4, attempts=1)
+    with closing(stores.connect(outbox_only)) as con:
+        con.execute(outbox_sql)
+        con.execute("INSERT INTO outbox(id, body, state, fence, attempts) VALUES (?, ?, 'sent', 4, 1)",
+                    (only_row["id"], only_row["body"]))
+        con.commit()
+    with closing(stores.connect(counter_only)) as con:
+        con.execute(counter_sql)
+        con.execute("INSERT INTO fence_counter VALUES (1, ?)", (last,))
+        con.commit()
 
     def connection(record: dict) -> Miss | None:
         outcome, seen = record["outcome"], record["observed"]
@@ -216,6 +255,23 @@ def check_open(ctx: StepContext) -> list[Case]:
             return Miss(f"after two opens fence_counter holds {counter(twice)}", KEEP_HINT)
         return None
 
+    def completed(path: Path, want: list, rows: int):
+        def check(record: dict) -> Miss | None:
+            if record["outcome"]["kind"] != "returned":
+                return Miss(describe(record["outcome"]), "Opening a file that has some of the tables must work.")
+            missing = [t for t in ("outbox", "fence_counter") if t not in stores.tables(path)]
+            if missing:
+                return Miss(f"no table {' and no table '.join(missing)} after open_outbox",
+                            "Create each table that is missing (`CREATE TABLE IF NOT EXISTS` for each), and insert "
+                            "the counter row if it is missing: a file can have some of the tables and not others.",
+                            clause="1.counter-schema" if "fence_counter" in missing else "1.outbox-schema")
+            if counter(path) != want or len(rows_of(path)) != rows:
+                return Miss(f"fence_counter holds {counter(path)} and the outbox {len(rows_of(path))} rows",
+                            KEEP_HINT, clause="1.reopen-keeps")
+            return None
+
+        return check
+
     ok = under("1.connection", connection)
     plans = [
         Plan("open_outbox on a new file", "open_outbox(new file)",
@@ -232,13 +288,24 @@ def check_open(ctx: StepContext) -> list[Case]:
              f"every row unchanged; fence_counter.last still {last}; the file switched to WAL",
              both(ok, under("1.reopen-keeps", keeps), under("1.wal", wal(saved))),
              clauses=("1.reopen-keeps", "1.wal")),
+        Plan("open_outbox on a file with only the outbox table", "open_outbox(file with outbox and one row, "
+             "no fence_counter)", "fence_counter created with (1, 0); the row kept",
+             both(ok, under("1.counter-schema", completed(outbox_only, [(1, 0)], 1)),
+                  under("1.counter-schema", lambda r: counter_schema_miss(outbox_only))),
+             clauses=("1.counter-schema", "1.reopen-keeps")),
+        Plan("open_outbox on a file with only fence_counter", f"open_outbox(file with fence_counter (1, {last}), "
+             "no outbox)", f"outbox created; fence_counter still (1, {last})",
+             both(ok, under("1.outbox-schema", completed(counter_only, [(1, last)], 0)),
+                  under("1.outbox-schema", lambda r: outbox_schema_miss(counter_only))),
+             clauses=("1.outbox-schema", "1.reopen-keeps")),
         Plan("open_outbox on a file that is not a database", "open_outbox(text file)",
              "sqlite3.DatabaseError; the connection closed",
              under("1.init-failure", closed_on_error("initialisation")), clauses=("1.init-failure",)),
     ]
     opens = [{"name": plans[0].name, "path": str(new)}, {"name": plans[1].name, "path": str(twice)},
              {"name": plans[1].name, "path": str(twice)}, {"name": plans[2].name, "path": str(saved)},
-             {"name": plans[3].name, "path": str(garbage)}]
+             {"name": plans[3].name, "path": str(outbox_only)}, {"name": plans[4].name, "path": str(counter_only)},
+             {"name": plans[5].name, "path": str(garbage)}]
     return ctx.cases("opening", plans, {"opens": opens})
 
 
@@ -365,7 +432,77 @@ def check_enqueue(ctx: StepContext) -> list[Case]:
     ]
     args += [second, boom]
     specs = [{"name": p.name, "fn": "enqueue", "db": str(db), "args": [value(a)]} for p, a in zip(plans, args, strict=True)]
-    return calls_on(ctx, plans, specs)
+    more_plans, more_specs = _enqueue_in_every_state(ctx)
+    return calls_on(ctx, plans + more_plans, specs + more_specs)
+
+
+def _enqueue_in_every_state(ctx: StepContext) -> tuple[list[Plan], list[dict]]:
+    """A repeat and a conflict against a row in each state; a value json cannot write; and the
+    insert with another publisher, a failure or a Ctrl-C between any two statements."""
+    rng = ctx.rng
+    states = {"pending": {}, "leased": {"owner": "A", "lease_until": 5000.0, "fence": 7, "attempts": 1},
+              "sent": {"fence": 6, "attempts": 1},
+              "quarantined": {"fence": 5, "attempts": 3, "last_error": "PermanentError: gone"}}
+    rows = [row(name(rng, state[:4]), qty=rng.randint(1, 1000), state=state, **extra) for state, extra in states.items()]
+    db = make_outbox(ctx.path("states.db"), rows, counter=9)
+    before = rows_of(db)
+    plans, specs = [], []
+    hint = ("Look for the id among all rows, whatever their state: once the row has moved on (leased, sent, "
+            "quarantined) a repeat is still the same event, and the UNIQUE id makes a second INSERT fail. Never "
+            "rewrite the row (no INSERT OR REPLACE): its state is the publishers' business.")
+
+    def kept(seq: int):
+        def check(record: dict) -> Miss | None:
+            if rows_of(db).get(seq) != before[seq]:
+                return Miss(f"row {seq} ({before[seq]['state']}) became {shown(rows_of(db).get(seq))}", hint)
+            if len(rows_of(db)) != len(before):
+                return Miss(f"the outbox has {len(rows_of(db))} rows, not {len(before)}", hint)
+            return None
+
+        return check
+
+    for seq, r in zip(before, rows, strict=True):
+        e = json.loads(r["body"])
+        other = {**e, "qty": e["qty"] % 1000 + 1}
+        plans.append(Plan(f"the same event again, its row {r['state']}", f"enqueue(con, {show(e)}) on a {r['state']} row",
+                          "False; the row unchanged",
+                          both(under("2.same-false", returns(False, hint)), under("2.same-false", kept(seq))),
+                          hint, clauses=("2.same-false",)))
+        specs.append({"name": plans[-1].name, "fn": "enqueue", "db": str(db), "args": [value(e)]})
+        plans.append(Plan(f"other content for a {r['state']} row", f"enqueue(con, {show(other)}) on a {r['state']} row",
+                          "Conflict; the row unchanged",
+                          both(under("2.conflict", is_module_exception("Conflict", hint)), under("2.conflict", kept(seq))),
+                          hint, clauses=("2.conflict",)))
+        specs.append({"name": plans[-1].name, "fn": "enqueue", "db": str(db), "args": [value(other)]})
+    for label, bad in (("qty is bytes", {**event(name(rng, "bytes")), "qty": b"3"}),):
+        why = ("Validate first (validate_event), then compute the canonical body: json cannot write this value, "
+               "and a bad event is a ValueError, not a TypeError.")
+        plans.append(Plan(f"{label}: refused before serialising", f"enqueue(con, {show(bad)})", "ValueError",
+                          under("2.validate", raises("ValueError", why)), why, clauses=("2.validate",)))
+        specs.append({"name": plans[-1].name, "fn": "enqueue", "db": str(db), "args": [value(bad)]})
+
+    new = event(name(rng, "new"), "snack", rng.randint(1, 1000))
+    template = make_outbox(ctx.path("enqueue-boundaries.db"), [row(name(rng, "old"))], counter=3)
+    mine = ("Look for the id inside the same BEGIN IMMEDIATE transaction as the INSERT: a row that was not there "
+            "before the transaction can be there by the time you write (another publisher enqueued it between "
+            "your SELECT and your INSERT).")
+
+    def judge(outcome: dict, path: Path, landed: bool) -> Miss | None:
+        found = [r for r in rows_of(path).values() if r["id"] == new["id"]]
+        want = not landed  # True if nobody else enqueued it first, else the identical repeat: False
+        if outcome.get("kind") != "returned" or value_of({"outcome": outcome}) is not want:
+            return Miss(f"enqueue {describe(outcome)} (expected {want})", mine)
+        if len(found) != 1 or found[0]["state"] != "pending":
+            return Miss(f"the outbox has {[shown(r) for r in found]} for {new['id']}", mine)
+        return None
+
+    # The other publisher runs your own enqueue on a second connection: whatever body your code
+    # writes, the repeat is identical.
+    other = {"call": "enqueue", "args": [value(new)], "landed": encode(True)}
+    more = between_statements(ctx, "enqueue", f"enqueue(con, {show(new)})", template, [value(new)],
+                              "2.one-transaction", other, judge,
+                              "True, or False if the other publisher's identical event landed first; one pending row")
+    return plans + more[0], specs + more[1]
 
 
 # --- step 3 ---------------------------------------------------------------------------------
@@ -573,7 +710,43 @@ def _claim_cases(ctx: StepContext) -> list[Case]:
         add(Plan(f"{label} is refused", f"claim(con, {show(o, 40)}, {n!r}, {le!r}, {li!r})",
                  "ValueError; nothing changed", refused(hint, clause, path, stores.fingerprint(path)), hint,
                  clauses=(clause,)), path, o, n, le, li)
-    return calls_on(ctx, plans, specs)
+    more = _claim_between_statements(ctx, now, lease, start)
+    return calls_on(ctx, plans + more[0], specs + more[1])
+
+
+def _claim_between_statements(ctx: StepContext, now: float, lease: float, start: int) -> tuple[list[Plan], list[dict]]:
+    """A's claim of two due rows while publisher B claims the first one between any two of its
+    statements; each statement failing; a Ctrl-C after each."""
+    rows = [row(name(ctx.rng, "due")) for _ in range(2)]
+    template = make_outbox(ctx.path("claim-boundaries.db"), rows, counter=start)
+    b_claims = [["UPDATE fence_counter SET last = last + 1 WHERE id = 1", []],
+                ["UPDATE outbox SET state = 'leased', owner = 'B', lease_until = ?, attempts = attempts + 1, "
+                 "fence = (SELECT last FROM fence_counter WHERE id = 1) WHERE seq = 1", [encode(now + lease)]]]
+
+    def judge(outcome: dict, path: Path, landed: bool) -> Miss | None:
+        after = rows_of(path)
+        mine = [1, 2] if not landed else [2]
+        want = [{"seq": s, "id": rows[s - 1]["id"], "body": rows[s - 1]["body"], "fence": start + i + 1 + landed}
+                for i, s in enumerate(mine)]
+        got = value_of({"outcome": outcome}) if outcome.get("kind") == "returned" else None
+        owners = [(r["owner"], r["fence"]) for r in after.values()]
+        expect = [("B", start + 1), ("A", start + 2)] if landed else [("A", start + 1), ("A", start + 2)]
+        fences = [f for _, f in owners if f]
+        if landed and len(set(fences)) < len(fences):
+            return Miss(f"claim {describe(outcome)}; the rows are now {[shown(r) for r in after.values()]}: two "
+                        "claims took the same token", "Read and store fence_counter inside the claim's BEGIN "
+                        "IMMEDIATE transaction: a counter read before it is stale once another publisher claims, and "
+                        "tokens must be strictly increasing across every claim.", clause="3.tokens-increase")
+        if got != want or owners != expect:
+            return Miss(f"claim {describe(outcome)}; the rows are now {[shown(r) for r in after.values()]}"
+                        + (": both publishers hold row 1" if landed and got and any(
+                            isinstance(g, dict) and g.get("seq") == 1 for g in got) else ""), ONE_TX_HINT)
+        return None
+
+    return between_statements(ctx, "claim", f"claim(con, 'A', {now:g}, {lease:g}, 16) on two due rows", template,
+                              [value("A"), value(now), value(lease), value(16)], "3.one-transaction", b_claims,
+                              judge, "both rows, or only row 2 with a larger token if B claimed row 1 first",
+                              clauses=("3.tokens-increase",))
 
 
 RACERS = ("A", "B")
@@ -775,7 +948,54 @@ def check_complete(ctx: StepContext) -> list[Case]:
         add(f"{label} is refused before the DB is touched", call_args, "ValueError; no SQL run; nothing changes",
             both(under("4.int-args", raises("ValueError", hint)), untouched(label, hint, "4.int-args"),
                  under("4.int-args", _no_sql(hint))), ("4.int-args",), hint)
-    return calls_on(ctx, plans, specs)
+    more = _token_between_statements(ctx, "complete", now, base + 30, None, "4.one-transaction",
+                                     "None (the row sent), or StaleLease if the other publisher took the row over "
+                                     "first (the row stays B's)")
+    return calls_on(ctx, plans + more[0], specs + more[1])
+
+
+TAKE_OVER_HINT = ("Check the token and change the row in one BEGIN IMMEDIATE transaction: a check made before the "
+                  "transaction is stale by the time you write (another publisher took the row over between your check "
+                  "and your UPDATE). A deferred BEGIN is not enough: its UPDATE then fails with 'database is locked' "
+                  "where BEGIN IMMEDIATE would have waited.")
+
+
+def _token_between_statements(ctx: StepContext, fn: str, now: float, start: int, policy: tuple | None, clause: str,
+                              expected: str) -> tuple[list[Plan], list[dict]]:
+    """complete or fail on A's row (its lease ran out, nobody re-claimed it yet) while another
+    publisher B re-claims the row between any two of its statements."""
+    fence = start - 2
+    template = make_outbox(ctx.path(f"{fn}-boundaries.db"),
+                           [row(name(ctx.rng, "slow"), state="leased", owner="A", lease_until=now - 1, fence=fence,
+                                attempts=1)], counter=start)
+    take_over = [["UPDATE fence_counter SET last = last + 1 WHERE id = 1", []],
+                 ["UPDATE outbox SET state = 'leased', owner = 'B', lease_until = ?, attempts = attempts + 1, "
+                  "fence = (SELECT last FROM fence_counter WHERE id = 1) WHERE seq = 1", [encode(now + 60)]]]
+    args = [value(1), value(fence)]
+    called = f"{fn}(con, 1, {fence}"
+    if policy is not None:
+        seed = ctx.rng.randrange(2**31)
+        args += [{"error": {"kind": "transient", "message": "the warehouse is unreachable"}}, value(now),
+                 _policy(*policy, seed)]
+        called += f", OSError(...), {now!r}, policy"
+    called += ")"
+
+    def judge(outcome: dict, path: Path, landed: bool) -> Miss | None:
+        r = rows_of(path)[1]
+        if landed:
+            if outcome.get("kind") != "raised" or "StaleLease" not in outcome.get("mro", [outcome.get("type")]):
+                return Miss(f"{fn} {describe(outcome)} and the row B had just claimed is now {shown(r)}",
+                            TAKE_OVER_HINT)
+            if r["state"] != "leased" or r["owner"] != "B" or r["fence"] != start + 1:
+                return Miss(f"{fn} raised StaleLease, but the row B had just claimed is now {shown(r)}", TAKE_OVER_HINT)
+            return None
+        want = ("returned", None) if fn == "complete" else ("returned", "pending")
+        got = (outcome.get("kind"), value_of({"outcome": outcome}) if outcome.get("kind") == "returned" else None)
+        if got != want or r["owner"] is not None or r["fence"] != fence:
+            return Miss(f"{fn} {describe(outcome)}; the row is {shown(r)}", TAKE_OVER_HINT)
+        return None
+
+    return between_statements(ctx, fn, called, template, args, clause, take_over, judge, expected)
 
 
 def _no_sql(hint: str):
@@ -812,6 +1032,9 @@ def check_backoff(ctx: StepContext) -> list[Case]:
         ("base == cap", 3, 5.0, 5.0),
         ("int base and cap", 3, 1, 30),
         ("a tiny base, a large cap", 70, 1e-20, 3600.0),
+        # 2 ** 1099 is past the largest float, yet base * 2 ** 1099 is about 1.4e30, below the cap:
+        # neither a float power nor "past 1024 the cap bites" gives this ceiling.
+        ("a tiny base past 2 ** 1024", 1100, 1e-300, 1e300),
     ]
     # Last, after the refusals: a solution that builds 2 ** attempt spends seconds on 10**9 and,
     # on a busy machine, hangs there; a hang ends the child, and no case after it runs.
@@ -831,7 +1054,7 @@ def check_backoff(ctx: StepContext) -> list[Case]:
         fixed.append((f"random, capped ({n})", attempt, base, round(base * rng.uniform(1, 2 ** (attempt - 1) / 1.5), 3)))
     def drawn(label: str, attempt: int, base, cap) -> None:
         clauses = ("5.full-jitter", "5.seeded-rng") + (("5.cap",) if oracle.ceiling(attempt, base, cap) == cap else ()) + \
-                  (("5.large-attempt",) if attempt >= 10**6 else ())
+                  (("5.large-attempt",) if attempt > 1024 else ())
         add(label, attempt, base, cap, _drawn, clauses, hang="5.large-attempt" if attempt >= 10**6 else "")
 
     for label, attempt, base, cap in fixed:
@@ -930,8 +1153,10 @@ def _drawn(seed: int, attempt: int, base: float, cap: float):
     def check(record: dict) -> Miss | None:
         outcome, seen = record["outcome"], record["observed"]
         if outcome["kind"] == "raised" and outcome["type"] == "OverflowError":
-            return Miss(describe(outcome), "Don't compute 2 ** attempt as a float: stop doubling once the ceiling "
-                                           "has reached the cap.", clause="5.large-attempt")
+            return Miss(describe(outcome), "Don't compute 2 ** attempt as a float, nor base times an exact "
+                                           "2 ** attempt (an int that large cannot become a float): double base step "
+                                           "by step and stop once the ceiling has reached the cap, or use "
+                                           "math.ldexp(base, attempt - 1).", clause="5.large-attempt")
         if outcome["kind"] != "returned":
             return Miss(describe(outcome), "backoff returns a float: the wait in seconds.")
         got = value_of(record)
@@ -958,6 +1183,11 @@ def _drawn(seed: int, attempt: int, base: float, cap: float):
             return Miss(f"returned {got!r}, the ceiling itself", "Full jitter draws the wait: `rng.uniform(0, "
                                                                  "ceiling)`. Without jitter every failed row comes "
                                                                  "back at the same moment.", clause="5.full-jitter")
+        if attempt > 1024 and ceiling < cap and like(got, draw * cap):
+            return Miss(f"returned {got!r}: a draw below the cap {cap!r}, but base * 2 ** (attempt - 1) = {ceiling:g} "
+                        "is below the cap here", "The cap does not always bite past attempt 1024: with a tiny base "
+                        "the ceiling is still below it. Double base step by step and stop at the cap, or use "
+                        "math.ldexp(base, attempt - 1).", clause="5.large-attempt")
         if like(got, ceiling / 2 + draw * ceiling / 2):
             return Miss(f"returned {got!r}: half the ceiling {ceiling:g} plus a random half",
                         "That is equal jitter. Full jitter draws from the whole range: `rng.uniform(0, ceiling)`.",
@@ -1014,6 +1244,9 @@ def check_fail(ctx: StepContext) -> list[Case]:
         ("now 0", leased(tok + 17, attempts=1)),
         ("extra key", leased(tok + 18, attempts=1)),
         ("negative now", leased(tok + 14)),
+        ("sent", row(name(rng, "r"), state="sent", fence=tok + 21, attempts=1)),
+        ("quarantined", row(name(rng, "r"), state="quarantined", fence=tok + 22, attempts=2,
+                            last_error="PermanentError: gone")),
     ]
     db = make_outbox(ctx.path("fail.db"), [r for _, r in layout], counter=tok + 30)
     seq = {label: i + 1 for i, (label, _) in enumerate(layout)}
@@ -1166,11 +1399,24 @@ def check_fail(ctx: StepContext) -> list[Case]:
             ("bool now", seq["bool now"], tok + 11, BOOL_HINT + " now is a number, never a bool.", True),
             ("negative now", seq["negative now"], tok + 14, "now is a finite number >= 0, as in claim.", -0.001)):
         seed = rng.randrange(2**31)
-        add(f"{label} is refused", s, fence, transient, "ValueError; nothing changes",
+        add(f"{label} is refused", s, fence, transient, "ValueError; nothing changes; no SQL run",
             both(under("6.token-check", raises("ValueError", hint)), untouched(label, hint, "6.token-check"),
-                 draws(seed, 0, "6.rng-only-retry", "Validate before drawing.")), ("6.token-check",), seed, hint,
+                 draws(seed, 0, "6.rng-only-retry", "Validate before drawing."),
+                 under("6.token-check", _no_sql(hint))), ("6.token-check",), seed, hint,
             when=when)
-    return calls_on(ctx, plans, specs)
+    for label in ("sent", "quarantined"):
+        seed = rng.randrange(2**31)
+        add(f"a {label} row with its own token", seq[label], before[seq[label]]["fence"], transient,
+            "StaleLease; nothing changes",
+            both(under("6.token-check", is_module_exception("StaleLease", f"Only a leased row with this token can "
+                                                                          f"fail: look the row up by seq whatever its "
+                                                                          f"state (a {label} row is not unknown).")),
+                 untouched(label, f"fail must not touch a {label} row.", "6.token-check")),
+            ("6.token-check",), seed)
+    more = _token_between_statements(ctx, "fail", now, tok + 40, (base, cap, max_attempts), "6.one-transaction",
+                                     "'pending', or StaleLease if the other publisher took the row over first (the "
+                                     "row stays B's)")
+    return calls_on(ctx, plans + more[0], specs + more[1])
 
 
 # --- step 7 ---------------------------------------------------------------------------------
@@ -1250,7 +1496,41 @@ def check_redrive(ctx: StepContext) -> list[Case]:
                                    under("7.requeue", no_open_transaction)), clauses=(clause, "7.requeue")))
         ids_arg = {"set": sorted(arg)} if isinstance(arg, set) else value(arg)  # sets do not cross the pipe
         specs.append({"name": label, "fn": "redrive", "db": str(path), "args": [ids_arg, value(when)]})
-    return calls_on(ctx, plans, specs)
+    more = _redrive_between_statements(ctx, now)
+    return calls_on(ctx, plans + more[0], specs + more[1])
+
+
+def _redrive_between_statements(ctx: StepContext, now: float) -> tuple[list[Plan], list[dict]]:
+    """redrive of two quarantined rows while another operator's redrive and a publisher's claim
+    take the second one between any two of its statements; each statement failing; a Ctrl-C."""
+    ids = [name(ctx.rng, "q") for _ in range(2)]
+    template = make_outbox(ctx.path("redrive-boundaries.db"),
+                           [row(i, state="quarantined", attempts=3, fence=20 + n, last_error="Transient: down")
+                            for n, i in enumerate(ids)], counter=30)
+    taken = [["UPDATE fence_counter SET last = last + 1 WHERE id = 1", []],
+             ["UPDATE outbox SET state = 'leased', owner = 'B', lease_until = ?, attempts = 1, "
+              "fence = (SELECT last FROM fence_counter WHERE id = 1) WHERE seq = 2", [encode(now + 60)]]]
+    hint = ("Check every row and change them in one BEGIN IMMEDIATE transaction: a state read before the "
+            "transaction can be stale by the time you write (another publisher claimed the row between your check "
+            "and your UPDATE), and a leased row must never be put back to pending.")
+
+    def judge(outcome: dict, path: Path, landed: bool) -> Miss | None:
+        after = rows_of(path)
+        if landed:
+            if outcome.get("kind") != "raised" or "ValueError" not in outcome.get("mro", []):
+                return Miss(f"redrive {describe(outcome)}; the rows are now {[shown(r) for r in after.values()]}", hint)
+            if after[2]["owner"] != "B" or after[2]["state"] != "leased" or after[1]["state"] != "quarantined":
+                return Miss(f"redrive raised ValueError, but the rows are now {[shown(r) for r in after.values()]}",
+                            hint)
+            return None
+        if outcome.get("kind") != "returned" or value_of({"outcome": outcome}) != 2 or \
+                [r["state"] for r in after.values()] != ["pending", "pending"]:
+            return Miss(f"redrive {describe(outcome)}; the rows are {[shown(r) for r in after.values()]}", hint)
+        return None
+
+    return between_statements(ctx, "redrive", f"redrive(con, {ids!r}, {now!r})", template, [value(ids), value(now)],
+                              "7.all-or-nothing", taken, judge,
+                              "2, or ValueError if the other publisher claimed the second row first (it stays B's)")
 
 
 def _requeued(path: Path, seqs: list[int], now: float):
@@ -1334,6 +1614,15 @@ def check_relay_once(ctx: StepContext) -> list[Case]:
         scenario(f"{label} from send propagates", one, _propagates(label), ("8.base-exception",),
                  expected=f"{label}; the row stays leased (its lease will run out); the next row is not sent",
                  called=f"relay_once(...) where send raises {label}", replies={one[0]["id"]: {"raise": kind}})
+    again = [row(name(rng, "gone")), row(name(rng, "ok"))]
+    scenario("a second call in the same process, after a redrive", again, _again,
+             ("8.order-hooks", "8.counts"),
+             expected="first {'sent': 1, 'retry': 0, 'quarantined': 1, 'stale': 0}; after the operator's redrive the "
+                      "second call sends the redriven row: {'sent': 1, 'retry': 0, 'quarantined': 0, 'stale': 0}, "
+                      "a new dict",
+             called="relay_once(...) where send raises PermanentError for row 1; the operator lifts the refusal and "
+                    "redrives row 1; relay_once(...) again in the same process",
+             replies={again[0]["id"]: {"raise": "permanent"}}, again=True)
     hook = [row(name(rng, "hook"))]
     scenario("an exception from after_claim propagates", hook, _hook_error, ("8.hook-errors",),
              expected="LookupError from the hook; send never called", claim_hook_raises=True,
@@ -1463,13 +1752,56 @@ def _mixed(truthy, now: float):
                 return Miss(f"row 3's last_error is {after[3]['last_error']!r}",
                             "A non-True return is a DeliveryError: fail the row with DeliveryError(...).",
                             clause="8.true-only")
-            return _counts({"sent": 2, "retry": 2, "quarantined": 1, "stale": 0},
-                           "Count each row once: sent, retry (back to pending), quarantined or stale. Quarantined "
-                           "is not sent.")(record)
+            return _after_send_only(record, [1, 5]) or \
+                _counts({"sent": 2, "retry": 2, "quarantined": 1, "stale": 0},
+                        "Count each row once: sent, retry (back to pending), quarantined or stale. Quarantined "
+                        "is not sent.")(record)
 
         return check
 
     return make
+
+
+def _after_send_only(record: dict, seqs: list[int]) -> Miss | None:
+    """after_send ran for exactly the rows whose send returned True (a hook on every path is wrong)."""
+    called = [decode(e["seq"]) for e in _log(record, "after_send")]
+    if called != seqs:
+        return Miss(f"after_send was called for rows {called}, but send returned True for rows {seqs}: after_send "
+                    "ran after a failed send, or not after a True one",
+                    "Call after_send(seq) only after send returned True, and before complete: it means 'the "
+                    "warehouse has it'. A failed or non-True send goes to fail without it.", clause="8.order-hooks")
+    return None
+
+
+def _again(db: Path, rows: list[dict], seed: int, policy: dict):
+    def check(record: dict) -> Miss | None:
+        again = record["observed"].get("again") or {}
+        first = again.get("first") or record["outcome"]
+        want = {"sent": 1, "retry": 0, "quarantined": 1, "stale": 0}
+        if first.get("kind") != "returned" or decode(first["value"]) != want:
+            return Miss(describe(first), f"The first call quarantines row 1 and sends row 2: {want}.",
+                        clause="8.counts")
+        log = record["observed"].get("log", [])
+        marks = [i for i, e in enumerate(log) if e["kind"] == "again"]
+        later = [e["seq"] for e in log[marks[0] + 1:] if e["kind"] == "send"] if marks else []
+        if 1 not in later:
+            return Miss("in the second call, in the same process, send was never called for row 1, which the "
+                        "operator had redriven: relay_once remembered it from the first call",
+                        "relay_once keeps nothing between calls: what to send is in the outbox alone. A redriven row "
+                        "is pending again and is claimed and sent like any other.", clause="8.order-hooks")
+        states = [r["state"] for r in rows_of(db).values()]
+        if states != ["sent", "sent"]:
+            return Miss(f"after the second call the rows are {[shown(r) for r in rows_of(db).values()]}",
+                        "complete the redriven row after its ACK.", clause="8.order-hooks")
+        if again.get("same_object"):
+            return Miss("the second call returned the very dict object the first call returned",
+                        "Build new counts in each call: a caller who kept the first result would see it change.",
+                        clause="8.counts")
+        return _counts({"sent": 1, "retry": 0, "quarantined": 0, "stale": 0},
+                       "Count only what this call did: new counts for each call.")(record) or \
+            _after_send_only(record, [2, 1])
+
+    return check
 
 
 def _equal_to_true(db: Path, rows: list[dict], seed: int, policy: dict):
@@ -1480,7 +1812,7 @@ def _equal_to_true(db: Path, rows: list[dict], seed: int, policy: dict):
             return Miss(f"rows {done} were completed although send returned 1 or 1.0",
                         "Only a return value that `is True` is an ACK: `acked is True`, not `acked == True` "
                         "(1 == True in Python).")
-        return _counts({"sent": 0, "retry": 2, "quarantined": 0, "stale": 0})(record)
+        return _after_send_only(record, []) or _counts({"sent": 0, "retry": 2, "quarantined": 0, "stale": 0})(record)
 
     return check
 
@@ -1496,7 +1828,7 @@ def _poison_bodies(db: Path, rows: list[dict], seed: int, policy: dict):
             if after[s]["state"] != "quarantined" or not (after[s]["last_error"] or "").startswith("PermanentError"):
                 return Miss(f"row {s} ({rows[s - 1]['body']!r}) is {shown(after[s])}",
                             "Quarantine it as a PermanentError: `fail(con, seq, fence, PermanentError(...), …)`.")
-        return _counts({"sent": 1, "retry": 0, "quarantined": 2, "stale": 0})(record)
+        return _after_send_only(record, [3]) or _counts({"sent": 1, "retry": 0, "quarantined": 2, "stale": 0})(record)
 
     return check
 

@@ -27,8 +27,10 @@ CLAUSES = contract(
                          "nothing changes"),
     Clause("2.validate", "the event is validated with lab 01's rules first (bool is not a quantity): "
                          "ValueError, nothing written"),
-    Clause("2.one-transaction", "the insert is one transaction: a failure part-way propagates the original "
-                                "error and leaves no transaction open"),
+    Clause("2.one-transaction", "the lookup and the insert are one transaction: another publisher's insert "
+                                "between any two statements is seen (False) or waits; a failure or a "
+                                "KeyboardInterrupt part-way propagates the original error, changes nothing and "
+                                "leaves no transaction open"),
     # --- step 3: claim --------------------------------------------------------------------
     Clause("3.owner-range", "owner is a str of 1-64 characters from U+0020 to U+007E; else ValueError, "
                             "nothing changed"),
@@ -64,6 +66,10 @@ CLAUSES = contract(
     Clause("4.expiry-not-stale", "expiry alone does not invalidate a token: an expired lease that was not "
                                  "re-claimed can still be completed (a complete that checks the clock)"),
     Clause("4.unknown-keyerror", "a seq without a row → KeyError"),
+    Clause("4.one-transaction", "the token check and the change are one BEGIN IMMEDIATE transaction: another "
+                                "publisher's claim between any two statements is either seen (StaleLease) or waits; "
+                                "a failure or a KeyboardInterrupt part-way propagates, changes nothing and leaves no "
+                                "transaction open"),
     Clause("4.int-args", "seq and fence that are not ints (or are bools) → ValueError before the DB is touched"),
     # --- step 5: backoff ------------------------------------------------------------------
     Clause("5.full-jitter", "a uniform draw from [0, min(cap, base * 2 ** (attempt - 1))]: full jitter, not "
@@ -71,7 +77,9 @@ CLAUSES = contract(
     Clause("5.cap", "the wait never exceeds cap (backoff without a cap)"),
     Clause("5.seeded-rng", "draws once, only with rng.random() or rng.uniform() of the rng passed in (never "
                            "the global random module): the same seed gives the same waits"),
-    Clause("5.large-attempt", "attempt = 10**6 neither overflows nor slows down"),
+    Clause("5.large-attempt", "large attempts neither overflow nor slow down: attempt = 10**6, and attempts past "
+                              "2 ** 1024 with a base so small that the ceiling is still below the cap (the bound is "
+                              "computed without 2 ** attempt as a float)"),
     Clause("5.arg-ranges", "attempt is an int >= 1; base and cap finite with 0 < base <= cap; bool refused; "
                            "else ValueError"),
     # --- step 6: fail ---------------------------------------------------------------------
@@ -86,6 +94,10 @@ CLAUSES = contract(
                            "bytes)"),
     Clause("6.rng-only-retry", "fail draws from rng only for a retry, after the token check: a stale call or "
                                "a quarantine consumes no random number"),
+    Clause("6.one-transaction", "the token check and the change are one BEGIN IMMEDIATE transaction: another "
+                                "publisher's claim between any two statements is either seen (StaleLease) or waits; "
+                                "a failure or a KeyboardInterrupt part-way propagates, changes nothing and leaves no "
+                                "transaction open"),
     Clause("6.returns-state", "returns the new state, 'pending' or 'quarantined' (quarantine is not sent)"),
     # --- step 7: redrive ------------------------------------------------------------------
     Clause("7.requeue", "each quarantined row → pending, attempts 0, due = now, last_error kept; returns the "

@@ -69,6 +69,9 @@ class Scene:
     notes: list[dict] = field(default_factory=list)
 
 
+COUNTER_START = 100  # the pills' outbox: fence_counter.last before any claim
+
+
 def check_final(ctx: StepContext) -> list[Case]:
     from labkit.servers.warehouse import refused, start_warehouse, unavailable
 
@@ -86,7 +89,7 @@ def check_final(ctx: StepContext) -> list[Case]:
     scene.policy = {"base": rng.choice((0.5, 1.0, 2.0)), "cap": 30.0, "max_attempts": 5,
                     "seed": rng.randrange(2**31)}
     make_outbox(scene.db, [row("snack-1", qty=1), row("snack-2", qty=2)])
-    make_outbox(scene.pills, [row(e["id"], qty=e["qty"]) for e in pills], counter=100)  # tokens 101, 102, ...
+    make_outbox(scene.pills, [row(e["id"], qty=e["qty"]) for e in pills], counter=COUNTER_START)  # tokens 101, ...
     wh = start_warehouse(ctx.path("warehouse.jsonl"),
                          event_faults={scene.ids["refused"]: refused(reason), scene.ids["flaky"]: unavailable(2)},
                          on_request=lambda: _audit_marks(scene))
@@ -425,14 +428,29 @@ def _pill_cases(ctx: StepContext, scene: Scene, reason: str) -> list[Case]:
               "final.no-head-of-line", c_problem or _at_once(scene)),
         _case("after the refusal is lifted, the refused event is redriven and delivered",
               f"redrive(con, [{ids['refused']!r}], now) and relay_once(con, 'D', …) in a new process",
-              "1; pending with attempts 0, last_error kept; then delivered, applied", "final.redrive",
-              _redriven(ctx, scene)),
+              "1; pending with attempts 0, last_error kept; then delivered, applied, with a token past every "
+              "earlier one", "final.redrive", _redriven(ctx, scene) or _tokens_continue(scene)),
         _case("every event applied exactly once, none lost, attempts as expected",
               "the judge reads both outboxes and the warehouse's log",
               "7 events applied once each and sent; attempts 2 for snack-1 and snack-2, 3 for the flaky one, 1 for "
               "the others (the redriven one counts from its redrive)", "final.applied-once",
               _unwritten(ctx, scene) or _once(scene)),
     ]
+
+
+def _tokens_continue(scene: Scene) -> Miss | None:
+    """The pills' outbox started with fence_counter.last = COUNTER_START: every claim on it, by
+    C and then by D in a new process (which opened the file again), took a larger token."""
+    fences = [e["fence"] for e in claims_in([e for e in scene.entries if e["file"] == "pills"])]
+    floor = COUNTER_START
+    for fence in fences:
+        if fence <= floor:
+            return Miss(f"the file's fence_counter.last was {COUNTER_START} before any claim, yet the claims took "
+                        f"tokens {fences}", "Take each token from fence_counter (last + 1, stored back), and never "
+                        "reset or recompute the counter when the file is opened: tokens grow across every claim ever "
+                        "made on the file, across reopenings too.")
+        floor = fence
+    return None
 
 
 def _unwritten(ctx: StepContext, scene: Scene) -> Miss | None:

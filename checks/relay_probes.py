@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from labkit import probe
+from labkit.probe import boundaries
 from labkit.values import decode, encode
 
 # Taken before the student's module is imported: our own connections are never tracked.
@@ -114,9 +115,13 @@ def build(mod, item: dict) -> Any:
 
 def on_outbox(mod, args: dict) -> None:
     """Each call: a fresh connection to its file, the student's function, the judge's look right
-    after it (while this connection is still open), the statements run, and the rng's next draw."""
+    after it (while this connection is still open), the statements run, and the rng's next draw.
+    A spec with "boundaries" is run once per statement instead (`at_boundaries`)."""
     for spec in args["calls"]:
         probe.started(spec["name"])
+        if "boundaries" in spec:
+            at_boundaries(mod, spec, args["witness"])
+            continue
         con = plain(spec["db"])
         statements = Statements(con)
         values = [build(mod, item) for item in spec["args"]]
@@ -130,6 +135,67 @@ def on_outbox(mod, args: dict) -> None:
                 observed["rng_next"] = value["rng"].random()  # which draw comes next: how many were used
         con.close()
         probe.report(spec["name"], outcome, **observed)
+
+
+def _competitor(mod, db: str, writer: dict) -> bool:
+    """Another publisher commits now, if it can take the write lock at once: the judge's SQL
+    ("sql"), or the student's own function on a second connection ("call"), whose success the
+    probe then marks in judge_writer."""
+    other = plain(db, timeout=0.0)
+    try:
+        if "call" in writer:
+            outcome = probe.call(probe.function(mod, writer["call"]), other, *[build(mod, a) for a in writer["args"]])
+            if outcome["kind"] != "returned" or outcome["value"] != writer["landed"]:
+                return False  # it could not write now (the lock is held): nothing came between
+            other.execute("INSERT INTO judge_writer(k) VALUES (1)")
+            return True
+        try:
+            other.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError:
+            return False  # the student's transaction holds the lock: nothing can come between
+        for sql, params in writer["sql"]:
+            other.execute(sql, [decode(p) for p in params])
+        other.execute("COMMIT")
+        return True
+    finally:
+        other.close()
+
+
+def at_boundaries(mod, spec: dict, witness: str) -> None:
+    """For each mode: the student's function once undisturbed (file 0), then once per statement
+    k (file k + 1) with `boundaries.run_at`'s mode at statement k: another publisher's commit
+    ("write"), a failing statement ("error") or a Ctrl-C ("interrupt"). The judge looks at each
+    file while its connection is still open (case name "<name>#<mode>.<run>")."""
+    fn = probe.function(mod, spec["fn"])
+    runs: list[dict] = []
+    for plan in spec["boundaries"]:
+        count = None
+        for i, db in enumerate(plan["dbs"]):
+            k = None if i == 0 else i - 1
+            if count is not None and k >= count:
+                break
+            con = plain(db)
+            values = [build(mod, item) for item in spec["args"]]
+
+            def call(con=con, values=values):
+                try:
+                    return probe.call(fn, con, *values)
+                except BaseException as exc:  # the judge's KeyboardInterrupt, as this run intends
+                    return probe.describe_exception(exc)
+
+            writer = plan.get("writer")
+
+            def action(db=db, writer=writer):
+                return _competitor(mod, db, writer) if writer else False
+
+            seen = boundaries.run_at(con, k, plan["mode"], call, action)
+            probe.see(witness, f"{spec['name']}#{plan['mode']}.{i}", "after")
+            runs.append({"mode": plan["mode"], "i": i, "k": k, "outcome": seen["result"], "ran": seen["ran"],
+                         "fired": seen["fired"], "acted": seen["acted"], "in_transaction": con.in_transaction})
+            con.close()
+            if i == 0:
+                count = len(seen["ran"])
+    probe.report(spec["name"], runs[0]["outcome"] if runs else {"kind": "missing"}, runs=runs)
 
 
 def backoffs(mod, args: dict) -> None:
@@ -305,16 +371,36 @@ def relaying(mod, args: dict) -> None:
         owner, now, lease, limit = (decode(v) for v in case["args"])
         seen = probe.received([owner, send, now, lease, limit, policy])
         try:
-            outcome = probe.call(relay_once, con, owner, send, now, lease, limit, policy,
-                                 after_claim=after_claim, after_send=after_send)
+            outcome, first = probe.call_keep(relay_once, con, owner, send, now, lease, limit, policy,
+                                             after_claim=after_claim, after_send=after_send)
         except BaseException as exc:  # KeyboardInterrupt / SystemExit from send, as the case intends
-            outcome = probe.describe_exception(exc)
+            outcome, first = probe.describe_exception(exc), None
+        again: dict = {}
+        if case.get("again") and outcome["kind"] == "returned":
+            # The operator lifts the refusal and redrives (the judge's own SQL); the same process
+            # then calls relay_once again: nothing may carry over from the first call.
+            _redrive_all(db, now)
+            case["replies"] = {}
+            log.append({"kind": "again", "seq": encode(None)})
+            second, kept = probe.call_keep(relay_once, con, owner, send, now, lease, limit, policy,
+                                           after_claim=after_claim, after_send=after_send)
+            again = {"first": outcome, "second": second, "same_object": kept is first and first is not None}
+            outcome = second
         probe.see(witness, case["name"], "after")  # the judge tries BEGIN IMMEDIATE while con is open
         in_transaction = con.in_transaction
         rng_next = policy["rng"].random() if "rng" in policy else None
         con.close()
         probe.report(case["name"], outcome, log=log, in_transaction=in_transaction, rng_next=rng_next,
-                     received=seen)
+                     received=seen, again=again)
+
+
+def _redrive_all(db: str, now: float) -> None:
+    other = plain(db, timeout=2.0)
+    try:
+        other.execute("UPDATE outbox SET state = 'pending', attempts = 0, due = ? WHERE state = 'quarantined'",
+                      (now,))
+    finally:
+        other.close()
 
 
 def _seq_of(db: str, event_id: Any, cache: dict) -> int | None:

@@ -90,7 +90,10 @@ def _judged(plan: Plan, witness: Witness) -> Plan:
         afters = witness.sightings(plan.name, "after")
         judge = {"after": afters[-1].saw if afters else None,
                  "send": [s.saw for s in witness.sightings(plan.name, "send")],
-                 "after_send": [s.saw for s in witness.sightings(plan.name, "after_send")]}
+                 "after_send": [s.saw for s in witness.sightings(plan.name, "after_send")],
+                 # a case run once per statement (`checks/relay_boundaries.py`): "<name>#<mode>.<run>"
+                 "runs": {s.case[len(plan.name) + 1:]: s.saw for s in witness.sightings(point="after")
+                          if s.case.startswith(plan.name + "#")}}
         return inner({**record, "observed": {**(record.get("observed") or {}), "judge": judge}})
 
     return replace(plan, check=check)
