@@ -717,7 +717,8 @@ def _claim_cases(ctx: StepContext) -> list[Case]:
 def _claim_between_statements(ctx: StepContext, now: float, lease: float, start: int) -> tuple[list[Plan], list[dict]]:
     """A's claim of two due rows while publisher B claims the first one between any two of its
     statements; each statement failing; a Ctrl-C after each."""
-    rows = [row(name(ctx.rng, "due")) for _ in range(2)]
+    # ids in seq order: this case is about the transaction, under every seed, not about the order
+    rows = [row(i) for i in sorted(name(ctx.rng, "due") for _ in range(2))]
     template = make_outbox(ctx.path("claim-boundaries.db"), rows, counter=start)
     b_claims = [["UPDATE fence_counter SET last = last + 1 WHERE id = 1", []],
                 ["UPDATE outbox SET state = 'leased', owner = 'B', lease_until = ?, attempts = attempts + 1, "
