@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import string
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from checks.outbox_common import (
     value_text,
     writable_after,
 )
+from checks.outbox_interleave import Interleaved, accept_cases, mark_sent_cases, receive_cases
 from checks.outbox_witness import Witness
 from labkit.judge import stores
 from labkit.judge.expect import (
@@ -36,7 +38,7 @@ from labkit.judge.expect import (
     value_of,
 )
 from labkit.judge.run import StepContext
-from labkit.judge.verdict import Case
+from labkit.judge.verdict import Case, Outcome
 from labkit.values import encode, show
 
 # --- steps 3-6: calls on a connection, and what the judge sees after each ------------------
@@ -147,9 +149,27 @@ class CallSteps:
 
         return check
 
-    def run(self) -> list[Case]:
+    def run(self, beside: Interleaved | None = None) -> list[Case]:
+        """The step's calls in one child; `beside`, the interleaving cases, in another at the same time."""
         with self.witness:
-            return self.ctx.cases("on_connection", self.plans, {"calls": self.specs, "witness": self.witness.url})
+            if beside is None:
+                return self.ctx.cases("on_connection", self.plans, {"calls": self.specs, "witness": self.witness.url})
+            with ThreadPoolExecutor(2) as pool:
+                other = pool.submit(beside.run)
+                mine = self.ctx.cases("on_connection", self.plans, {"calls": self.specs, "witness": self.witness.url})
+                return mine + after_plain(mine, other.result())
+
+
+INTERLEAVED_NOTE = "not judged: the cases above fail; fix them first (these try the same calls with another writer or a fault)"
+
+
+def after_plain(plain: list[Case], interleaved: list[Case]) -> list[Case]:
+    """The interleaving cases add to a step whose plain cases pass: while a plain case fails, the
+    same mistake would show again under a competing writer or a fault, as more rows of one cause."""
+    if all(case.passed for case in plain):
+        return interleaved
+    return [case if case.passed else Case(case.name, Outcome.NOT_REACHED, case.called, case.expected,
+                                          INTERLEAVED_NOTE, clauses=case.clauses) for case in interleaved]
 
 
 def original_error(fragment: str, kind: str = "IntegrityError") -> Check:
@@ -173,7 +193,10 @@ def check_accept(ctx: StepContext) -> list[Case]:
     first = event(name(rng, "z"), name(rng, "sku", 3), rng.randint(1, 1000))
     second = event(name(rng, "a"), first["sku"], rng.randint(1, 1000))
     boom, bang = event(name(rng, "boom"), "snack", 3), event(name(rng, "bang"), "snack", 4)
+    shipped = event(name(rng, "shipped"), "snack", rng.randint(1, 1000))  # accepted and sent before
     db.script(path, f"""
+        INSERT INTO orders VALUES ('{shipped["id"]}', 'snack', {shipped["qty"]});
+        INSERT INTO outbox(id, body, sent) VALUES ('{shipped["id"]}', '{stores.canonical(shipped)}', 1);
         CREATE TRIGGER outbox_full BEFORE INSERT ON outbox WHEN NEW.id = '{boom["id"]}'
             BEGIN SELECT RAISE(ABORT, 'outbox is full'); END;
         CREATE TRIGGER orders_full BEFORE INSERT ON orders WHEN NEW.id = '{bang["id"]}'
@@ -223,17 +246,33 @@ def check_accept(ctx: StepContext) -> list[Case]:
                   [("3.conflict", is_module_exception("Conflict", conflict)),
                    ("3.conflict-no-change", steps.unchanged(label, "A conflict changes nothing: raise before writing "
                                                                    "(and roll back)."))])
+    # a repeat is a repeat whatever state its row is in: sent rows are looked up too
+    every_state = ("Look the id up among all outbox rows, pending or sent: an order stays accepted after it is sent.")
+    steps.add("the same order again, after it was sent", path, [shipped], "False, nothing changes (the row stays sent)",
+              [("3.repeat-false", returns(False, every_state)),
+               ("3.repeat-false", steps.unchanged("the same order again, after it was sent",
+                                                  every_state + " Never overwrite or reset a row that exists."))])
+    steps.add("same id as a sent order, another qty", path, [{**shipped, "qty": shipped["qty"] % 1000 + 1}],
+              "Conflict; nothing changes",
+              [("3.conflict", is_module_exception("Conflict", every_state + " Different content → Conflict.")),
+               ("3.conflict-no-change", steps.unchanged("same id as a sent order, another qty",
+                                                        every_state + " Never overwrite or reset a row that exists."))])
     for label, bad in (("an invalid order (qty True)", event(name(rng, "bad"), "snack", True)),
                        ("an invalid order (id ending with a newline)", event(name(rng, "bad") + "\n", "snack", 2)),
                        ("an invalid order (an extra key)", {**event(name(rng, "bad"), "snack", 2), "note": "x"}),
-                       ("an invalid order reusing an accepted id (qty 0)", {**first, "qty": 0})):
+                       ("an invalid order reusing an accepted id (qty 0)", {**first, "qty": 0}),
+                       # values json cannot encode: validate before computing the canonical body
+                       ("an invalid order (qty as bytes)", event(name(rng, "bad"), "snack", b"5")),
+                       ("an invalid order (an extra key that is the number 1)", {**event(name(rng, "bad"), "snack", 2),
+                                                                                 1: "x"})):
         steps.add(label, path, [bad], "ValueError before any write",
                   [("3.validates-first", raises("ValueError", "Call validate_event first, before looking at the "
-                                                              "database: an invalid event is ValueError.")),
+                                                              "database or computing the body: an invalid event is "
+                                                              "ValueError (json.dumps of it may raise TypeError).")),
                    ("3.validates-first", steps.unchanged(label, "Validate before any write."))])
 
     def seq_order(state):
-        ids = [r["id"] for r in state.get("outbox", [])]
+        ids = [r["id"] for r in state.get("outbox", []) if r["id"] != shipped["id"]]
         return "" if ids[:2] == [first["id"], second["id"]] else f"the outbox's seq order is {listing(ids)}"
 
     steps.add("a second order", path, [second], "True; after the first in the outbox",
@@ -251,7 +290,7 @@ def check_accept(ctx: StepContext) -> list[Case]:
     steps.add("a new order after the failures", path, [later], "True (the connection still works)",
               [("3.no-transaction-left", returns(True, "After a failure, roll back: a transaction left open makes "
                                                        "the next BEGIN fail."))])
-    return steps.run()
+    return steps.run(beside=accept_cases(ctx, first, event(name(rng, "race"), "snack", rng.randint(1, 1000))))
 
 
 # --- step 4 -------------------------------------------------------------------------------
@@ -412,9 +451,15 @@ def check_receive(ctx: StepContext) -> list[Case]:
                         "Change only the event's sku: `WHERE sku = ?`.")])
     for label, bad in (("an invalid event (qty 0)", event(name(rng, "bad"), sku, 0)),
                        ("an invalid event (a '/' in the sku)", event(name(rng, "bad"), "a/b", 3)),
-                       ("an invalid event reusing a received id (qty True)", {**first, "qty": True})):
+                       ("an invalid event reusing a received id (qty True)", {**first, "qty": True}),
+                       # values json cannot encode: validate before computing the canonical body
+                       ("an invalid event (qty as bytes)", event(name(rng, "bad"), sku, b"5")),
+                       ("an invalid event (an extra key that is the number 1)", {**event(name(rng, "bad"), sku, 2),
+                                                                                 1: "x"})):
         steps.add(label, path, [bad], "ValueError before any write",
-                  [("5.validates-first", raises("ValueError", "Call validate_event first, before the database.")),
+                  [("5.validates-first", raises("ValueError", "Call validate_event first, before the database or "
+                                                              "the canonical body: an invalid event is ValueError "
+                                                              "(json.dumps of it may raise TypeError).")),
                    ("5.validates-first", steps.unchanged(label, "Validate before any write."))])
     for label, e, fragment in (("the stock write fails", jammed, "stock shelf jammed"),
                                ("the inbox write fails", clogged, "inbox is full")):
@@ -427,7 +472,8 @@ def check_receive(ctx: StepContext) -> list[Case]:
     steps.add("a new event after the failures", path, [later], "True (the connection still works)",
               [("5.no-transaction-left", returns(True, "After a failure, roll back: a transaction left open makes "
                                                        "the next BEGIN fail."))])
-    return steps.run()
+    return steps.run(beside=receive_cases(ctx, event(name(rng, "race"), sku, rng.randint(1, 1000)),
+                                          rng.randint(1, 50)))
 
 
 # --- step 6 -------------------------------------------------------------------------------
@@ -468,7 +514,7 @@ def check_mark_sent(ctx: StepContext) -> list[Case]:
               [("6.pending-true", returns(True)),
                ("6.only-that-row", steps.state("the other pending row", flags("x", {**after_first, other["id"]: 1}),
                                                "Update only that row."))])
-    return steps.run()
+    return steps.run(beside=mark_sent_cases(ctx, target, other))
 
 
 

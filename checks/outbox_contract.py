@@ -66,6 +66,9 @@ STEP_2 = [
     Clause("2.stock-table", "sink: stock(sku TEXT PRIMARY KEY, qty INTEGER NOT NULL)."),
     Clause("2.source-keeps-rows", "Re-opening an existing source keeps every row: tables are created only if missing."),
     Clause("2.sink-keeps-rows", "Re-opening an existing sink keeps every row: tables are created only if missing."),
+    Clause("2.creates-missing", "Each table is created if it is missing, whichever of the others the file already "
+                                "has: a file with orders but no outbox gets an outbox (and the same for every "
+                                "table), and the rows of the tables it had are kept."),
     Clause("2.no-transaction-left", "The returned connection holds no open transaction: another connection can "
                                     "write at once."),
     Clause("2.init-error-propagates", "If creating the tables fails, the original sqlite3 error propagates."),
@@ -92,6 +95,13 @@ STEP_3 = [
     Clause("3.original-error", "A failure part-way propagates the original sqlite3 error, not a wrapper."),
     Clause("3.no-transaction-left", "After every call (new, repeat, conflict, invalid, failure) the caller's "
                                     "connection is open and holds no transaction: another connection can write."),
+    Clause("3.concurrent-writer", "The repeat lookup and the inserts are one BEGIN IMMEDIATE transaction: when "
+                                  "another connection accepts the same order at any moment (before or between any "
+                                  "two of accept's statements), accept returns False (the other came first) or "
+                                  "True (it waited for the other's lock), never an sqlite3 error."),
+    Clause("3.locked-propagates", "When another connection holds the write lock past the busy timeout, accept "
+                                  "raises sqlite3's OperationalError ('database is locked') and writes nothing: a "
+                                  "lock is not a duplicate."),
 ]
 
 STEP_4 = [
@@ -127,6 +137,13 @@ STEP_5 = [
                                 "neither remains."),
     Clause("5.original-error", "A failure part-way propagates the original sqlite3 error."),
     Clause("5.no-transaction-left", "After every call the caller's connection is open and holds no transaction."),
+    Clause("5.concurrent-writer", "The inbox lookup and the writes are one BEGIN IMMEDIATE transaction: when "
+                                  "another connection applies the same event at any moment (before or between any "
+                                  "two of receive's statements), receive returns False or True, never an sqlite3 "
+                                  "error, and the event is applied once."),
+    Clause("5.locked-propagates", "When another connection holds the write lock past the busy timeout, receive "
+                                  "raises sqlite3's OperationalError ('database is locked') and writes nothing: a "
+                                  "lock is not a duplicate."),
 ]
 
 STEP_6 = [
@@ -135,7 +152,14 @@ STEP_6 = [
     Clause("6.already-false", "An already sent row returns False and stays sent."),
     Clause("6.unknown-keyerror", "An id not in the outbox (also one differing only in case, or a pattern) "
                                  "raises KeyError and changes nothing."),
-    Clause("6.no-transaction-left", "After every call the caller's connection is open and holds no transaction."),
+    Clause("6.no-transaction-left", "After every call (a KeyboardInterrupt or an sqlite3 error part-way too) the "
+                                    "caller's connection is open and holds no transaction."),
+    Clause("6.concurrent-writer", "mark_sent reads the flag and updates it in its own transaction: when another "
+                                  "connection marks the row at any moment (before or between any two of "
+                                  "mark_sent's statements), mark_sent returns False (the other marked it) or True "
+                                  "(it waited for the other's lock), never an sqlite3 error."),
+    Clause("6.locked-propagates", "When another connection holds the write lock past the busy timeout, mark_sent "
+                                  "raises sqlite3's OperationalError ('database is locked') and changes nothing."),
 ]
 
 STEP_7 = [

@@ -9,6 +9,7 @@ renamed column, a file that is no longer a database): those return a `Broken` in
 from __future__ import annotations
 
 import itertools
+import threading
 import sqlite3
 from contextlib import closing
 from dataclasses import dataclass
@@ -159,3 +160,51 @@ def make_source(path: Path, events: list[dict] = (), sent: set[str] = frozenset(
 
 def make_sink(path: Path, sql: str = "") -> Path:
     return script(path, stores.SINK_SCHEMA + sql)
+
+
+class Competing:
+    """Another party's transaction on the file, started at a moment the student's code chose
+    (see checks/outbox_interleave.py): `error` is "" when it got the write lock and wrote
+    (`rows` rows changed), else why not. It keeps the lock in a thread of its own until
+    `hold` seconds pass (then commits) or, with `commit` False, until `finish()` (then rolls
+    back); `finish()` always waits for it to end."""
+
+    def __init__(self, path: Path, statements: list[tuple[str, tuple]], hold: float, commit: bool = True):
+        self.error, self.rows, self._thread = "", 0, None
+        self._released = threading.Event()
+        try:
+            stores.check_db(path)  # a link or FIFO in place of the file is refused, never followed
+            # timeout 0: where the student holds the lock, it fails at once; its own thread ends it
+            con = sqlite3.connect(path, isolation_level=None, timeout=0, check_same_thread=False)
+        except sqlite3.Error as exc:
+            self.error = f"{type(exc).__name__}: {exc}"
+            return
+        try:
+            con.execute("PRAGMA synchronous = OFF")
+            con.execute("BEGIN IMMEDIATE")
+            for sql, params in statements:
+                self.rows += max(con.execute(sql, params).rowcount, 0)
+        except sqlite3.Error as exc:
+            self.error = f"{type(exc).__name__}: {exc}"
+            if con.in_transaction:
+                con.execute("ROLLBACK")
+            con.close()
+            return
+
+        def end() -> None:
+            self._released.wait(hold if commit else 30.0)
+            try:
+                con.execute("COMMIT" if commit else "ROLLBACK")
+            except sqlite3.Error:
+                if con.in_transaction:
+                    con.execute("ROLLBACK")
+            finally:
+                con.close()
+
+        self._thread = threading.Thread(target=end, name="outbox-competing-writer", daemon=True)
+        self._thread.start()
+
+    def finish(self) -> None:
+        self._released.set()
+        if self._thread is not None:
+            self._thread.join(5.0)

@@ -10,10 +10,12 @@ what a child may see (labkit.probe, labkit.values): never the judge's side.
 
 from __future__ import annotations
 
+import collections
 import inspect
 import os
 import sqlite3
 import time
+import types
 
 from labkit import probe
 from labkit.values import decode, encode
@@ -37,14 +39,20 @@ def _usable(con: sqlite3.Connection) -> bool:
 # --- step 1 -------------------------------------------------------------------------------
 
 
+WRAPS = {"MappingProxyType": types.MappingProxyType, "UserDict": collections.UserDict}
+
+
 def validating(mod, args: dict) -> None:
     """Step 1: each case is one or more calls of validate_event; every call is reported."""
     fn = probe.function(mod, "validate_event")
     for case in args["cases_spec"]:
         probe.started(case["name"])
         calls = []
-        for encoded in case["inputs"]:
+        wraps = case.get("wraps") or [""] * len(case["inputs"])
+        for encoded, wrap in zip(case["inputs"], wraps, strict=True):
             value = decode(encoded)
+            if wrap:  # a Mapping that is not a dict: no encoding carries one, so it is made here
+                value = WRAPS[wrap](value)
             before = encode(value)
             outcome, result = probe.call_keep(fn, value)
             calls.append({"input": encoded, "outcome": outcome, "received": probe.received([value]),
@@ -290,3 +298,50 @@ def bad_replies(mod, args: dict) -> None:
                 except sqlite3.Error:
                     pass
         probe.report(case["name"], outcome)
+
+
+# --- steps 3, 5, 6: another writer between statements, a fault at a statement -------------
+
+_FAULTS = {"KeyboardInterrupt": lambda: KeyboardInterrupt(),
+           "OperationalError": lambda: sqlite3.OperationalError("disk I/O error (injected by the judge)")}
+
+
+def interleaving(mod, args: dict) -> None:
+    """Steps 3, 5, 6: call one function again and again, each time on a fresh copy of the same
+    file, stepping in before its k-th statement (k = 1, 2, ... until a call runs fewer than k):
+    - "compete": the judge writes with its own connection there (`see(..., "between")`);
+    - "hold": the judge holds the write lock from the first statement until the call ends,
+      on a connection whose busy timeout is short;
+    - a fault name: that statement raises the fault instead of running.
+    After each call the judge looks at the file itself (`see(..., "after")`)."""
+    from labkit.probe import statements
+
+    for spec in args["runs"]:
+        name, mode = spec["name"], spec["mode"]
+        probe.started(name)
+        fn = probe.function(mod, spec["fn"])
+        values = [decode(a) for a in spec["args"]]
+        runs = []
+        for k, path in enumerate(spec["files"], 1):
+            if mode in _FAULTS:
+                con, counter = statements.faulty(path, k, _FAULTS[mode]())
+            else:
+                con = plain(path, spec.get("busy", 1.0))
+                counter = statements.before_statement(
+                    con, 1 if mode == "hold" else k,
+                    lambda sql, k=k: see(args["witness"], name, "between", k=k, sql=sql))
+            try:
+                outcome = probe.call(fn, con, *values)
+            except KeyboardInterrupt as exc:  # probe.call lets a BaseException through
+                outcome = probe.describe_exception(exc)
+            reached = counter.stop()
+            still_open = _usable(con)
+            if still_open:  # a connection the function closed takes no more calls
+                con.set_trace_callback(None)
+            see(args["witness"], name, "after", k=k)
+            con.close()
+            runs.append({"k": k, "outcome": outcome, "reached": reached, "sql": counter.sql,
+                         "connection_open": still_open})
+            if mode == "hold" or not reached or fn is None:
+                break
+        probe.report(name, runs[0]["outcome"], runs=runs, received=probe.received(values))

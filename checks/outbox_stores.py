@@ -195,6 +195,42 @@ def _kept_rows(path: Path, before: list, fn: str) -> Check:
     return check
 
 
+def _opened_at_all(fn: str) -> Check:
+    def check(record: dict) -> Miss | None:
+        if record["outcome"]["kind"] != "returned":
+            return Miss(outcome_text(record["outcome"]), f"Opening an existing file with {fn} must work.")
+        return None
+
+    return check
+
+
+def _kept_table(path: Path, table: str) -> Check:
+    """The one row the judge put in the table the file already had is still there."""
+
+    def check(record: dict) -> Miss | None:
+        rows = db.read(stores.rows, path, f"SELECT * FROM {table}")
+        if isinstance(rows, db.Broken) or len(rows) != 1:
+            return Miss(f"the row in {table} changed or disappeared ({rows})", KEEP_HINT)
+        return None
+
+    return check
+
+
+def _created(path: Path, has: str, lacks: str, want: list[tuple], with_not_null: bool) -> Check:
+    def check(record: dict) -> Miss | None:
+        tables = db.read(stores.tables, path)
+        if not isinstance(tables, db.Broken) and lacks not in tables:
+            return Miss(f"the file had the table '{has}' but not '{lacks}', and after opening it still has no "
+                        f"table '{lacks}'", PARTIAL_HINT)
+        return _table_check(path, lacks, want, with_not_null)(record)
+
+    return check
+
+
+PARTIAL_HINT = ("Create each table if it is missing (`CREATE TABLE IF NOT EXISTS` for every one): a file can hold "
+                "some tables and not others.")
+
+
 def _init_failed(fn: str, witness: Witness, case: str) -> Check:
     """DatabaseError, and the file no longer open in the child: the judge counts the child's open
     descriptors on it (/proc) while the probe still holds every connection the call opened. Only
@@ -239,6 +275,23 @@ def check_stores(ctx: StepContext) -> list[Case]:
              "open_sink on a file that is not a database": (garbage, "open_sink"),
              "open_source on a path that is a folder": (folder, "open_source"),
              "open_sink on a path that is a folder": (folder, "open_sink")}
+    # a file with some of the tables (a set-up that stopped part-way, an older version): every
+    # missing table is created, not only when the first one is missing
+    partial = {}
+    for fn, schema, tables in (("open_source", stores.SOURCE_SCHEMA, SOURCE_COLUMNS),
+                               ("open_sink", stores.SINK_SCHEMA, SINK_COLUMNS)):
+        statements = [part.strip() + ";" for part in schema.split(";") if part.strip()]
+        for k, (has, lacks) in enumerate((list(tables), list(tables)[::-1])):
+            path = ctx.path(f"partial-{fn}-{k}.db")
+            db.script(path, statements[list(tables).index(has)])
+            label = f"{fn} on a file that has {has} but no {lacks}"
+            paths[label] = (path, fn)
+            partial[label] = (has, lacks)
+    seeded = {"orders": "INSERT INTO orders VALUES ('kept-1', 'snack', 3)",
+              "outbox": "INSERT INTO outbox(id, body) VALUES ('kept-1', '{}')",
+              "inbox": "INSERT INTO inbox VALUES ('kept-1', '{}')", "stock": "INSERT INTO stock VALUES ('snack', 3)"}
+    for label, (has, _lacks) in partial.items():
+        db.script(paths[label][0], seeded[has] + ";")
 
     def look(case: str, point: str, said: dict) -> tuple[dict, dict]:
         path = paths.get(case, (None,))[0]
@@ -272,13 +325,22 @@ def check_stores(ctx: StepContext) -> list[Case]:
             plans.append(Plan(label, f"{fn}(path of a text file)", "sqlite3.DatabaseError; the connection closed",
                               _init_failed(fn, witness, label),
                               clauses=("2.init-error-propagates", "2.init-error-closes")))
-        for label, (_path, fn) in list(paths.items())[6:]:
+        for label, (_path, fn) in list(paths.items())[6:8]:
             plans.append(Plan(label, f"{fn}(path of a folder)", "sqlite3.OperationalError (unable to open)",
                               under("2.connect-error-propagates",
                                     raises("OperationalError", "If sqlite3.connect itself fails there is no "
                                                                "connection to close: let its error propagate "
                                                                "(a `con` that was never assigned cannot be closed).")),
                               clauses=("2.connect-error-propagates",)))
+        for label, (has, lacks) in partial.items():
+            path, fn = paths[label]
+            want = (SOURCE_COLUMNS if fn == "open_source" else SINK_COLUMNS)[lacks]
+            plans.append(Plan(label, f"{fn}(path of a file with the table {has} only)",
+                              f"a connection; {lacks} created; {has}'s row kept",
+                              both(under("2.creates-missing", _opened_at_all(fn)),
+                                   under("2.creates-missing", _created(path, has, lacks, want, fn == "open_sink")),
+                                   under("2.creates-missing", _kept_table(path, has))),
+                              clauses=("2.creates-missing",)))
         specs = [{"name": label, "fn": fn, "path": str(path)} for label, (path, fn) in paths.items()]
         return ctx.cases("stores", plans, {"cases_spec": specs, "witness": witness.url})
     finally:

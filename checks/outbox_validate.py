@@ -42,6 +42,7 @@ class Try:
     value: Any
     accept: bool
     note: str = ""
+    wrap: str = ""  # the child passes `value` wrapped so (outbox_probes.WRAPS): a mapping that is not a dict
 
 
 def _each_call(tries: list[Try], hint: str) -> Check:
@@ -51,7 +52,8 @@ def _each_call(tries: list[Try], hint: str) -> Check:
             return Miss(f"only {len(calls)} of {len(tries)} calls came back", "Each call must return or raise.")
         for one, call in zip(tries, calls, strict=True):
             outcome = call["outcome"]
-            label = f"validate_event({show(one.value, 100)})" + (f" [{one.note}]" if one.note else "")
+            shown = f"{one.wrap}({show(one.value, 90)})" if one.wrap else show(one.value, 100)
+            label = f"validate_event({shown})" + (f" [{one.note}]" if one.note else "")
             if call.get("input_changed"):
                 return Miss(f"{label} modified the dict passed in", INPUT_HINT, clause="1.input-unchanged")
             if one.accept:
@@ -121,8 +123,12 @@ def check_validate(ctx: StepContext) -> list[Case]:
     groups: list[tuple] = [
         ("1.returns-equal", "a plain event (1 call)", [Try(base, True)],
          "A valid event comes back as a new dict with the same three keys and values."),
-        ("1.event-dict", "not a dict (None, a list of pairs, a JSON string, a tuple, an int: 5 calls)",
-         [Try(v, False) for v in (None, pairs, stores.canonical(base), tuple(pairs), 7)], "An event must be a dict."),
+        ("1.event-dict", "not a dict (None, a list of pairs, a JSON string, a tuple, an int, a MappingProxyType "
+                         "and a UserDict of a valid event: 7 calls)",
+         [Try(v, False) for v in (None, pairs, stores.canonical(base), tuple(pairs), 7)]
+         + [Try(base, False, "a mapping, not a dict", wrap) for wrap in ("MappingProxyType", "UserDict")],
+         "An event must be a dict: test `type(event) is dict`; another Mapping (MappingProxyType, UserDict) is "
+         "ValueError too."),
         ("1.keys-missing", "a key missing (no id, no sku, no qty, no keys: 4 calls)",
          [Try({k: v for k, v in base.items() if k != gone}, False, f"no {gone}") for gone in ("id", "sku", "qty")]
          + [Try({}, False)], "All three keys are required; a missing one is ValueError (not KeyError)."),
@@ -155,7 +161,7 @@ def check_validate(ctx: StepContext) -> list[Case]:
         # one call per input, shown as separate calls: `validate_event(a); validate_event(b); …`
         called = "; ".join(f"validate_event({show(t.value, 60)})" for t in tries[:2]) + ("; …" if len(tries) > 2 else "")
         plans.append(Plan(label, called, verb, under(clause, _each_call(tries, hint)), hint, clauses=(clause,)))
-        specs.append({"name": label, "inputs": [encode(t.value) for t in tries]})
+        specs.append({"name": label, "inputs": [encode(t.value) for t in tries], "wraps": [t.wrap for t in tries]})
     for plan in plans:  # every call also checks these two: the case says so
         if plan.clauses[0] == "1.returns-equal":
             plan.clauses += ("1.returns-new", "1.input-unchanged")

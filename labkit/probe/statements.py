@@ -1,0 +1,97 @@
+"""Child side: step into a student's SQLite work between two of its statements.
+
+Two ways to probe what a function does around a transaction, both deterministic (a statement
+number, never a timer), both on the connection the probe hands the student:
+
+- `before_statement(con, k, act)`: just before the k-th statement starts, `act(sql)` runs
+  (e.g. the judge commits a competing write with its own connection). Counted by SQLite's own
+  trace hook, so every statement counts whatever API ran it (execute, a cursor, executescript).
+- `faulty(path, k, fault)`: a connection whose k-th statement raises `fault` instead of running
+  (an exception, or a KeyboardInterrupt as Ctrl-C would deliver it), once.
+
+Statements a trigger runs inside another statement are not counted: they are not boundaries
+where anything else can happen.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+
+
+class Counter:
+    """How many statements a connection has started, and the text of the one at `k`."""
+
+    def __init__(self, k: int):
+        self.k, self.count, self.sql = k, 0, ""
+
+    def step(self, sql: str) -> bool:
+        """Count one statement; True when it is the k-th."""
+        if sql.lstrip().startswith("--"):  # a trigger's inner statement
+            return False
+        self.count += 1
+        if self.count == self.k:
+            self.sql = " ".join(sql.split())[:160]
+            return True
+        return False
+
+    @property
+    def reached(self) -> bool:
+        return self.count >= self.k
+
+    def stop(self) -> bool:
+        """Step in no more (the probe's own statements after the call must run); whether the
+        k-th statement was reached."""
+        reached, self.k = self.reached, 0
+        return reached
+
+
+def before_statement(con: sqlite3.Connection, k: int, act: Callable[[str], None]) -> Counter:
+    """Run `act(sql)` just before the k-th statement on `con` starts (SQLite's trace hook fires
+    before the statement takes any lock)."""
+    counter = Counter(k)
+
+    def trace(sql: str) -> None:
+        if counter.step(sql):
+            act(counter.sql)
+
+    con.set_trace_callback(trace)
+    return counter
+
+
+def faulty(path: str, k: int, fault: BaseException, timeout: float = 1.0) -> tuple[sqlite3.Connection, Counter]:
+    """A connection (isolation_level None) whose k-th statement raises `fault` before running."""
+    counter = Counter(k)
+
+    def gate(sql: str) -> None:
+        if counter.step(sql if isinstance(sql, str) else "?"):
+            raise fault
+
+    class Cursor(sqlite3.Cursor):
+        def execute(self, sql, *a, **kw):
+            gate(sql)
+            return super().execute(sql, *a, **kw)
+
+        def executemany(self, sql, *a, **kw):
+            gate(sql)
+            return super().executemany(sql, *a, **kw)
+
+        def executescript(self, script, *a, **kw):
+            gate(script)
+            return super().executescript(script, *a, **kw)
+
+    class Connection(sqlite3.Connection):
+        def cursor(self, factory=Cursor):
+            return super().cursor(factory)
+
+        def execute(self, sql, *a, **kw):
+            return self.cursor().execute(sql, *a, **kw)
+
+        def executemany(self, sql, *a, **kw):
+            return self.cursor().executemany(sql, *a, **kw)
+
+        def executescript(self, script, *a, **kw):
+            return self.cursor().executescript(script, *a, **kw)
+
+    con = sqlite3.connect(path, isolation_level=None, timeout=timeout, factory=Connection)
+    return con, counter
