@@ -21,6 +21,7 @@ from pathlib import Path
 
 import psutil
 
+from checks import vending_interference as interference
 from checks.oracles import vending as oracle
 from checks.vending_contract import CLAUSES
 from checks.vending_witness import FaultWitness
@@ -330,7 +331,7 @@ def served(ctx: StepContext, kind: str, plans: list[Plan], specs: list[dict],
                 session.run.timed_out = True
                 break
             started = time.monotonic()
-            reply = session.call({"kind": kind, "case": spec},
+            reply = session.call({"kind": spec.get("kind", kind), "case": spec},
                                  timeout=min(left, spec.get("guard", 0) + call_timeout))
             waited += time.monotonic() - started
             cpu = cpu_seconds(session.proc.pid)
@@ -691,8 +692,9 @@ def served_with_witness(ctx: StepContext, plans: list[Plan], specs: list[dict]) 
     with FaultWitness([Path(s["db"]) for s in specs], look_mid_transaction) as witness:
         for spec in specs:
             spec["witness"] = witness.address
-        return served(ctx, "call", plans, specs,
-                      lambda pid, spec: {**observe_store(pid, spec), "faults": witness.calls(spec["db"])})
+        return served(ctx, "call", plans, specs, lambda pid, spec: (
+            interference.observe_sweep(spec, snapshot, can_write) if spec.get("kind") == "sweep"
+            else {**observe_store(pid, spec), "faults": witness.calls(spec["db"])}))
 
 
 def closed_after_failure(record: dict) -> Miss | None:
@@ -823,7 +825,7 @@ def check_apply(ctx: StepContext) -> list[Case]:
 
     def case(label: str, applied: list[tuple[int, int]], args: list, expected: str, outcome_check,
              after: list[tuple[int, int]] | dict, clauses: tuple[str, ...], *, fault: str | None = None,
-             extra=None, setup: str = "", hint: str = "", state_hint: str = "") -> None:
+             extra=None, setup: str = "", hint: str = "", state_hint: str = "", held: bool = False) -> None:
         """One call on a store of its own, prepared by the judge as a correct client would have left it."""
         db = make_store(ctx.path(f"apply{len(plans)}.db"), applied)
         if setup:
@@ -839,10 +841,11 @@ def check_apply(ctx: StepContext) -> list[Case]:
         checks.append(under(main, state_after(kept, state_hint)))
         shown_call = ", ".join(show(a) for a in args)
         on = f"on a store at last {applied[-1][0]}" if applied else "on a new store (last -1)"
+        on += ", while another connection is in the middle of a write" if held else ""
         plans.append(Plan(label, f"apply_event(con, {shown_call}{', fault=f' if fault else ''}) {on}", expected,
                           both(*checks), hint, clauses=(*clauses, "3.no-open-transaction")))
         specs.append({"name": label, "db": str(db), "fn": "apply_event", "args": [encode(a) for a in args],
-                      "fault": fault})
+                      "fault": fault, "held": held})
 
     applies = lambda hint: under("3.apply-next", returns(True, hint))  # noqa: E731
     new_hint = "A new event (seq == last + 1) is applied: return True."
@@ -896,6 +899,13 @@ def check_apply(ctx: StepContext) -> list[Case]:
     ):
         case(label, history, args, nothing, under(clause, raises("ValueError", hint)), history,
              tuple(dict.fromkeys((clause, "3.ranges"))), hint=hint)
+    # A refused call touches nothing: not even a write lock it would wait for while another writer works.
+    busy_hint = ("Check the arguments before `BEGIN IMMEDIATE`: a call that is refused anyway must not wait "
+                 "for the write lock (and fail with 'database is locked' when another writer keeps it).")
+    for label, args in (("seq True while another connection is writing", [True, d_next]),):
+        case(label, history, args, "ValueError at once; nothing changes",
+             under("3.validate-first", raises("ValueError", busy_hint)), history, ("3.validate-first",),
+             hint=busy_hint, held=True)
     # Duplicates, conflicts, gaps.
     dup_hint = "seq <= last with the same delta in the ledger is a duplicate: return False, change nothing."
     case("the same event again", one, [0, d0], "False (a duplicate); nothing changes",
@@ -953,6 +963,20 @@ def check_apply(ctx: StepContext) -> list[Case]:
          "sqlite3.IntegrityError 'the cursor is jammed'; nothing changes; no open transaction",
          under("3.original-error", jam_error), history, ("3.rollback", "3.original-error", "3.one-transaction"),
          setup=JAM_CURSOR)
+    # Something between two statements, at every statement in turn (checks/vending_interference.py).
+    template = make_store(ctx.path("sweep.db"), history)
+    applied = store_state(history + [(k + 1, d_next)])
+    new_call = f"apply_event(con, {k + 1}, {d_next})"
+    dup_call = f"apply_event(con, {old_seq}, {old_delta}) (a duplicate)"
+    new_args, dup_args = [encode(k + 1), encode(d_next)], [encode(old_seq), encode(old_delta)]
+    for plan, args, modes in (
+        (interference.another_writer(k + 1, d_next, base, applied, shown), new_args, ["write"]),
+        (interference.faults_between("applying the next event", new_call, base, shown), new_args,
+         ["error", "interrupt"]),
+        (interference.faults_between("applying a duplicate", dup_call, base, shown), dup_args, ["error", "interrupt"]),
+    ):
+        plans.append(plan)
+        specs.append(interference.spec("apply_event", args, template, f"sweep{len(specs)}", modes))
     return served_with_witness(ctx, plans, specs)
 
 

@@ -71,6 +71,11 @@ CLAUSES = contract(
     Clause("3.conflict", "seq <= last with another delta in the ledger, or no ledger row: raises Conflict, "
                          "nothing changes."),
     Clause("3.gap", "seq > last + 1: raises Gap, nothing changes."),
+    Clause("3.concurrent-writer", "seq is compared with last inside the transaction that writes: while another "
+                                  "connection applies the same event, apply_event applies it (True) or, if the "
+                                  "other committed first, finds it applied (False, a duplicate); it waits for the "
+                                  "other's lock (the 1 s busy timeout), never counts the event twice and never "
+                                  "fails for it."),
     Clause("3.rollback", "Any failure inside the transaction (fault(), SQLite) rolls back every change."),
     Clause("3.no-open-transaction", "On every path, apply_event returns with no transaction open and no lock "
                                     "held."),

@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from checks import vending_sweep_probes as sweep
 from labkit import probe
 from labkit.values import decode, encode
 
@@ -88,7 +89,7 @@ def serve(mod, args: dict) -> None:
     request arrives, so the judge can see it; then it is cleaned up."""
     runners: dict[str, Callable[[Any, dict, list], tuple[dict, dict]]] = {
         "open": open_case, "state": state_case, "call": store_call, "session": session_case,
-        "client": client_case,
+        "client": client_case, "sweep": sweep_case,
     }
     cleanup: list[Callable[[], Any]] = []
     with os.fdopen(int(os.environ["LABKIT_REQUEST_FD"]), "rb", closefd=True) as requests:
@@ -138,8 +139,27 @@ def open_case(mod, case: dict, cleanup: list) -> tuple[dict, dict]:
 def state_case(mod, case: dict, cleanup: list) -> tuple[dict, dict]:
     con = plain(case["path"])
     cleanup.append(con.close)
-    outcome = probe.call(probe.function(mod, "state"), con)
+    release = hold_write_lock(case["path"]) if case.get("held") else None
+    try:
+        outcome = probe.call(probe.function(mod, "state"), con)
+    finally:
+        if release is not None:
+            release()
     return outcome, {"in_transaction": in_transaction(con), "received": probe.received([con])}
+
+
+def hold_write_lock(db: str) -> Callable[[], None]:
+    """Another connection in the middle of a write transaction on `db` (it has written, not yet
+    committed) until the returned function rolls it back."""
+    other = REAL_CONNECT(db, isolation_level=None, timeout=1.0)
+    other.execute("BEGIN IMMEDIATE")
+    other.execute("UPDATE checkpoint SET total = total WHERE id = 1")
+
+    def release() -> None:
+        other.execute("ROLLBACK")
+        other.close()
+
+    return release
 
 
 # --- steps 3 and 5: apply_event and consume_line on a judge-made store -------------------
@@ -164,14 +184,57 @@ def store_call(mod, case: dict, cleanup: list) -> tuple[dict, dict]:
             raise error
 
     kwargs = {"fault": fault} if mode else {}
+    release = hold_write_lock(db) if case.get("held") else None
     try:
         outcome, error = probe.call_keep(probe.function(mod, case["fn"]), con, *values, **kwargs)
     except Interrupted as interrupt:  # a BaseException is a failure too: it must roll back like any other
         outcome, error = probe.describe_exception(interrupt), interrupt
+    finally:
+        if release is not None:
+            release()
     kept = [error]
     cleanup.append(kept.clear)
     return outcome, {"received": probe.received(values), "in_transaction": in_transaction(con),
                      "faults": faults, "same_error": bool(raised) and error is raised[-1]}
+
+
+def sweep_case(mod, case: dict, cleanup: list) -> tuple[dict, dict]:
+    """`fn(con, *args)` once per statement k and mode (`checks/vending_sweep_probes.py`), each run
+    on its own copy of the store (`case["dbs"]`: `case["runs"]` copies per mode, in mode order),
+    until a run ends before statement k. Every connection stays open until the judge has looked."""
+    fn = probe.function(mod, case["fn"])
+    values = [decode(a) for a in case["args"]]
+    runs: list[dict] = []
+    kept: list = []
+    cleanup.append(kept.clear)
+    for block, mode in enumerate(case["modes"]):
+        for k in range(case["runs"]):
+            copy = block * case["runs"] + k
+            db = case["dbs"][copy]
+            con = plain(db)
+            cleanup.append(con.close)
+            competitor = sweep.Competitor(REAL_CONNECT, db, *values[:2]) if mode == "write" else None
+            got: dict[str, Any] = {}
+
+            def call(con=con, got=got):
+                try:
+                    got["outcome"], error = probe.call_keep(fn, con, *values)
+                except KeyboardInterrupt as interrupt:  # what the judge injected, or the student's own
+                    got["outcome"], error = probe.describe_exception(interrupt), interrupt
+                kept.append(error)
+
+            seen = sweep.run_at(con, k, mode, call, competitor)
+            if competitor is not None:
+                competitor.join()
+                seen["acted"] = competitor.committed
+            runs.append({**seen, "mode": mode, "k": k, "copy": copy, "in_transaction": in_transaction(con),
+                         "outcome": got.get("outcome", {"kind": "probe_failed", "message": "no outcome"})})
+            if seen["fired"] is None:  # the call ran fewer than k + 1 statements: every boundary was tried
+                break
+    first = runs[0]["outcome"] if runs else {}
+    if first.get("kind") in ("not_implemented", "missing"):  # the skeleton: "not yet", not "wrong"
+        return first, {"runs": runs}
+    return {"kind": "returned", "value": encode(None)}, {"runs": runs}
 
 
 def tell_witness(address: list | None, db: str) -> str | None:
