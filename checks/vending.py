@@ -543,7 +543,7 @@ def _schema_miss(path: Path) -> Miss | None:
     have = stores.tables(path)
     for table, cols in STORE_COLUMNS.items():
         if table not in have:
-            return Miss(f"no table {table}", f"Create `{table}` exactly as the contract says.")
+            return Miss(f"no table '{table}'", f"Create `{table}` exactly as the contract says.")
         got = [(c[0], c[1].upper(), 1 if c[2] else 0, 1 if c[4] else 0) for c in stores.columns(path, table)]
         if got != cols:
             return Miss(f"{table} has columns (name, type, not null, primary key) {got}",
@@ -571,6 +571,12 @@ def check_store(ctx: StepContext) -> list[Case]:
     rowless_before = stores.rows(rowless, "SELECT seq, delta FROM ledger ORDER BY seq")
     fresh = make_store(ctx.path("fresh.db"))
     state_saved = make_store(ctx.path("state-saved.db"), history)  # apart: an open case may have wiped `saved`
+    state_busy = make_store(ctx.path("state-busy.db"), history)
+    # Set-up met half done (a crash during it, an older program): every part of the schema alone.
+    only_checkpoint = make_store(ctx.path("only-checkpoint.db"), history)
+    stores.execute(only_checkpoint, "DROP TABLE ledger")
+    only_ledger = make_store(ctx.path("only-ledger.db"), history[:2])
+    stores.execute(only_ledger, "DROP TABLE checkpoint")
     empty.write_bytes(b"")
     garbage.write_bytes(b"this is not a database, just text\n" * 64)
     stores.execute(misshapen, "CREATE TABLE checkpoint(id INTEGER PRIMARY KEY, last INTEGER NOT NULL);")
@@ -651,6 +657,24 @@ def check_store(ctx: StepContext) -> list[Case]:
              "open_store(a store holding checkpoint(id, last), empty)",
              "sqlite3's own error (inserting the row fails); the connection closed",
              closed_after_failure, clauses=("2.init-failure",)),
+        Plan("open_store on a file holding only the checkpoint table",
+             f"open_store(a store saved at last {expected_saved[0]} whose ledger table is missing)",
+             f"a connection; table ledger created; the checkpoint row still ({expected_saved[0]}, "
+             f"{expected_saved[1]})",
+             both(opened, retag("2.create-if-missing", lambda r: _schema_miss(only_checkpoint), PART_HINT),
+                  under("2.keep-saved", lambda r: None if stores.rows(
+                      only_checkpoint, "SELECT id, last, total FROM checkpoint") == [(1, *expected_saved)] else Miss(
+                      f"the saved store changed: before last {expected_saved[0]}, total {expected_saved[1]}; after "
+                      f"{shown(snapshot(only_checkpoint))}", KEEP_HINT))),
+             clauses=("2.create-if-missing", "2.keep-saved")),
+        Plan("open_store on a file holding only the ledger table",
+             f"open_store(a store with ledger rows {show_rows(history[:2])} whose checkpoint table is missing)",
+             "a connection; table checkpoint created with the row (1, -1, 0); the ledger unchanged",
+             both(opened, retag("2.create-if-missing", initial_row(only_ledger, row_hint), PART_HINT),
+                  under("2.keep-saved", lambda r: None if (now := stores.rows(
+                      only_ledger, "SELECT seq, delta FROM ledger ORDER BY seq")) == history[:2] else Miss(
+                      f"the ledger changed from {show_rows(history[:2])} to {show_rows(now)}", KEEP_HINT))),
+             clauses=("2.create-if-missing", "2.keep-saved")),
         Plan("state of a new store", "state(con) on a store holding (1, -1, 0)", "(-1, 0)",
              both(under("2.state", returns((-1, 0), tuple_hint)),
                   under("2.no-open-transaction", no_open_transaction)),
@@ -659,10 +683,23 @@ def check_store(ctx: StepContext) -> list[Case]:
              show(expected_saved), both(under("2.state", returns(expected_saved, tuple_hint)),
                                         under("2.no-open-transaction", no_open_transaction)),
              clauses=("2.state", "2.no-open-transaction")),
+        Plan("state while another connection is writing",
+             f"state(con) on a store saved at last {expected_saved[0]}, while another connection is in the middle "
+             "of a write transaction", f"{show(expected_saved)} at once (what is committed)",
+             under("2.state", returns(expected_saved, READ_ONLY_HINT)), READ_ONLY_HINT, clauses=("2.state",)),
     ]
-    opens = [new, new, empty, saved, rowless, garbage, misshapen]
-    return (served(ctx, "open", plans[:7], [{"path": str(path)} for path in opens], observe_store)
-            + served(ctx, "state", plans[7:], [{"path": str(fresh)}, {"path": str(state_saved)}], observe_store))
+    opens = [new, new, empty, saved, rowless, garbage, misshapen, only_checkpoint, only_ledger]
+    states = [{"path": str(fresh)}, {"path": str(state_saved)}, {"path": str(state_busy), "held": True}]
+    return (served(ctx, "open", plans[:9], [{"path": str(path)} for path in opens], observe_store)
+            + served(ctx, "state", plans[9:], states, observe_store))
+
+
+PART_HINT = ("Create every table that is missing, each on its own (`CREATE TABLE IF NOT EXISTS` for each): a file "
+             "may hold some of them (a crash during set-up, an older program). Finding one table is no proof "
+             "that the others exist.")
+READ_ONLY_HINT = ("state only reads: a plain SELECT sees what is committed even while another connection is in "
+                  "the middle of a write. Wrapping it in `BEGIN IMMEDIATE` makes it wait for every writer, and "
+                  "fail with 'database is locked' after the busy timeout.")
 
 
 def observe_store(pid: int, spec: dict) -> dict:
