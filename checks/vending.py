@@ -1081,6 +1081,11 @@ def check_replay(ctx: StepContext) -> list[Case]:
             if record["observed"].get("returned_input"):
                 return Miss("returned the very list it was given",
                             "Return a *new* list, also when it holds every event.", clause="4.new-list")
+            if record["observed"].get("returned_earlier"):
+                return Miss("returned the very list an earlier call returned (a cache?): a caller that changes "
+                            "its answer, e.g. appends to it, changes what the next call returns",
+                            "Build a new list on every call: no cache of answers, no shared empty list.",
+                            clause="4.new-list")
             return unchanged_input(record)
 
         return check
@@ -1090,12 +1095,17 @@ def check_replay(ctx: StepContext) -> list[Case]:
     case("a cursor inside the log", log, first + 1, 16, show(log[2:]), answer(log[2:], "4.after-last"),
          ("4.after-last",))
     case("limit caps the answer", log, first - 1, 2, show(log[:2]), answer(log[:2], "4.limit"), ("4.limit",))
+    # Repeated calls, compared by identity as well as value (the log itself built anew).
+    case("the same call again: a new list", [tuple(e) for e in log], first - 1, 2, f"{show(log[:2])}, a new list",
+         answer(log[:2], "4.limit"), ("4.new-list",))
     case("limit 1 (the smallest)", log, first, 1, show(log[1:2]), answer(log[1:2], "4.limit-range"),
          ("4.limit-range", "4.limit"))
     case("limit 16 (the largest) on 128 events", long_log, -1, 16, "the first 16",
          answer(long_log[:16], "4.limit-range"), ("4.limit-range", "4.limit"))
     case("a cursor at the final event", log, final, 16, "[]", answer([], "4.last-past-final"),
          ("4.last-past-final",))
+    case("a cursor at the final event again: a new empty list", log, final, 16, "[], a new list",
+         answer([], "4.last-past-final"), ("4.new-list",))
     case("last -1 on a log that starts at 0", long_log, -1, 3, show(long_log[:3]), answer(long_log[:3], "4.last-range"),
          ("4.last-range", "4.resync"))
     case("128 events (the most)", long_log, 125, 16, show(long_log[126:]), answer(long_log[126:], "4.events-list"),

@@ -96,7 +96,8 @@ CLAUSES = contract(
     Clause("4.resync", "last < first_seq - 1 raises ResyncRequired; last == first_seq - 1 joins the log."),
     Clause("4.after-last", "The answer holds the entries with seq > last, in order."),
     Clause("4.limit", "The answer holds at most `limit` entries."),
-    Clause("4.new-list", "The answer is a new list, never the list passed in."),
+    Clause("4.new-list", "The answer is a new list on every call: never the list passed in, nor one an earlier "
+                         "call returned (a cache the caller's changes would reach)."),
     Clause("4.no-mutation", "The input list is never modified, on any path."),
     Clause("4.validate-first", "All of the input is validated before answering: a bad event the limit would "
                                "cut off, or one at or below last, is still ValueError, also with an old cursor."),

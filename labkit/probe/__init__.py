@@ -154,20 +154,35 @@ def call_observed(fn: Callable | None, values: list) -> tuple[dict, dict]:
     """Call `fn(*values)`; the outcome, and what the generic probes observe around the call:
     `received` (see above), `input_changed` (the call modified an argument) and
     `returned_input` (it returned its first argument itself, not a new object)."""
+    outcome, observed, _value = observed_call(fn, values)
+    return outcome, observed
+
+
+def observed_call(fn: Callable | None, values: list) -> tuple[dict, dict, Any]:
+    """`call_observed`, also giving back what the call returned (or the exception it raised)."""
     seen = received(values)
     before = encode(copy.deepcopy(values))
     outcome, value = call_keep(fn, *values)
     returned_input = outcome["kind"] == "returned" and bool(values) and value is values[0]
     return outcome, {"received": seen, "input_changed": encode(values) != before,
-                     "returned_input": returned_input}
+                     "returned_input": returned_input}, value
+
+
+MUTABLE = (list, dict, set, bytearray)
 
 
 def calls(module: ModuleType, args: dict) -> None:
     """Generic probe: one plain function call per case, with decoded arguments
-    (observations: see `call_observed`)."""
+    (observations: see `call_observed`, and `returned_earlier`: the answer is the very object an
+    earlier case's call returned, a cache the caller's changes reach)."""
+    answers: list = []  # kept alive, so `is` cannot meet a reused id
     for spec in args["calls"]:
         started(spec["name"])
-        outcome, observed = call_observed(function(module, spec["fn"]), [decode(a) for a in spec["args"]])
+        outcome, observed, value = observed_call(function(module, spec["fn"]), [decode(a) for a in spec["args"]])
+        mutable = outcome["kind"] == "returned" and isinstance(value, MUTABLE)
+        observed["returned_earlier"] = mutable and any(value is earlier for earlier in answers)
+        if mutable:
+            answers.append(value)
         report(spec["name"], outcome, **observed)
 
 
