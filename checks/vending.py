@@ -1640,6 +1640,18 @@ def check_session(ctx: StepContext) -> list[Case]:
                                hooked([0, 0, 1]), wrote_acks([0, 0, 1], "A duplicate is ACKed too (consume_line "
                                                                         "returns its ACK).")],
              ("6.hook-before-ack",), io="script", script=script(dup), timeout=0.5, guard=30.0)
+    # Lines that look like nothing: only b"" (readline at EOF) ends the stream; these are bad frames.
+    eof_hint = ("Only `b\"\"` (what readline returns at EOF) ends the session. An empty or blank line is a bad "
+                "frame: hand it to consume_line, whose parse_line refuses it (`if not line.strip()` or "
+                "`if line == b\"\\n\"` takes it for the end).")
+    for label, blank in (("an empty line (a lone LF)", "\n"), ("a lone CRLF", "\r\n"), ("a lone space", " \n")):
+        scenario(f"{label} between two frames is an error, not the end", call.format(t=0.5)
+                 + f"; lines 0, {show(blank.encode())}, 1, EOF", "ValueError after ACK 0; line 1 never applied",
+                 lambda db, conn: [under("6.errors-propagate", raises("ValueError", eof_hint)),
+                                   wrote_acks([0], eof_hint, "6.errors-propagate"),
+                                   committed(db, [first], eof_hint, "6.errors-propagate")],
+                 ("6.errors-propagate",), io="script",
+                 script=[*script([first]), [0.0, blank], *script([(1, events[1][1])])], timeout=0.5, guard=30.0)
     scenario("timeout 1 (an int) is accepted", call.format(t=1) + "; two lines, EOF",
              f"{(1, events[0][1] + events[1][1])}; both ACKed",
              lambda db, conn: [under("6.timeout", returns((1, events[0][1] + events[1][1]), (
@@ -1886,6 +1898,16 @@ def check_run_client(ctx: StepContext) -> list[Case]:
                  "CancelledError propagates; DB closed",
                  lambda path, feed: [cancelled("7.cancel-propagates"), db_closed],
                  ("7.cancel-propagates", "7.db-closed"), dial="hang", timeout=5.0, guard=30.0, cancel_after=0.05)
+        scenario("cancelled while connecting, the connect finishing later",
+                 call.format(t=5.0) + "; open_connection returns after 0.2 s; cancelled after 0.05 s",
+                 "CancelledError propagates; DB closed; no socket left open, also 0.2 s later",
+                 lambda path, feed: [cancelled("7.cancel-propagates"), db_closed, under("7.socket-closed", lambda r: (
+                     None if all(r["observed"].get("sockets_closed", [])) else Miss(
+                         "after run_client was cancelled, its connect still finished 0.2 s later and that socket "
+                         "was never closed: a connect shielded from the cancellation goes on with nobody left to "
+                         "close what it opens", SHIELD_HINT)))],
+                 ("7.cancel-propagates", "7.socket-closed"), dial="slow", dial_delay=0.2, timeout=5.0, guard=30.0,
+                 cancel_after=0.05)
         scenario("sending RESUME fails", call.format(t=3.0) + "; the drain after RESUME raises ConnectionResetError",
                  "ConnectionResetError; socket and DB closed (the feed sees the connection close)",
                  lambda path, feed: [under("7.errors-propagate", raises("ConnectionResetError",
@@ -1976,6 +1998,11 @@ def db_closed(record: dict) -> Miss | None:
 
 SOCKET_HINT = ("If anything fails before consume_session takes over, close the writer yourself "
                "(`writer.close()` in an `except BaseException:` before re-raising).")
+
+
+SHIELD_HINT = ("Let the cancellation reach the connect: `await asyncio.wait_for(asyncio.open_connection(...), "
+               "timeout)`, no `asyncio.shield` around it. A cancelled connect opens nothing; a shielded one opens "
+               "a socket later that nobody closes.")
 
 
 def socket_closed(record: dict) -> Miss | None:

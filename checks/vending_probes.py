@@ -571,7 +571,9 @@ def client_case(mod, case: dict, cleanup: list) -> tuple[dict, dict]:
         mode = case.get("dial", "real")
         if mode == "hang":
             await _never()
-        if mode == "fake":
+        if mode == "slow":  # connects, but only `dial_delay` seconds later (a far or busy server)
+            await asyncio.sleep(case["dial_delay"])
+        if mode in ("fake", "slow"):
             writer = SpyWriter(rec, None, drain=case.get("drain"))
             writers.append(writer)
             reader = asyncio.StreamReader(limit=64)
@@ -607,6 +609,8 @@ def client_case(mod, case: dict, cleanup: list) -> tuple[dict, dict]:
                 loop.create_task(_cancel_later(task, case, rec))
             result["outcome"], error = await settle(task, case["guard"])
         result["seconds"] = round(loop.time() - began, 3)
+        if case.get("dial") == "slow":  # a connect that outlived the call (shielded) completes meanwhile
+            await asyncio.sleep(case["dial_delay"])
         result["same_error"] = bool(raised) and error is raised[-1]
         result["sockets_closed"] = [w.really_closed for w in writers]
         result["error"] = error
@@ -615,7 +619,7 @@ def client_case(mod, case: dict, cleanup: list) -> tuple[dict, dict]:
         setattr(target, attr, replacement)
     try:
         with probe.tracked_connections() as opened:
-            run_async(scenario, virtual=case.get("dial") in ("hang", "fake"))
+            run_async(scenario, virtual=case.get("dial") in ("hang", "fake", "slow"))
     finally:
         for target, attr, original in saved:
             setattr(target, attr, original)
