@@ -1431,6 +1431,26 @@ def hooked(seqs: list[int]):
     return check
 
 
+def hooks_on_acked_lines(fails_at: int | None):
+    """On every path, before_ack(seq) is called exactly for the lines that get an ACK, each right
+    before its ACK (no await comes between them); only a hook that raised has no ACK after it."""
+
+    def check(record: dict) -> Miss | None:
+        hooked_seqs = [decode(e["seq"]) for e in _log(record) if e["kind"] == "before_ack"]
+        acked = [int(w[4:-1]) for w in _writes(record)
+                 if isinstance(w, bytes) and w.startswith(b"ACK ") and w[4:-1].isdigit()]
+        if hooked_seqs in (acked, acked + [fails_at]):
+            return None
+        extra = next((seq for i, seq in enumerate(hooked_seqs) if i >= len(acked) or acked[i] != seq), None)
+        return Miss(f"before_ack was called for seqs {hooked_seqs}, but ACKs went out for {acked}"
+                    + (f": before_ack({extra}) ran for a line that failed" if extra is not None else ""),
+                    "Call before_ack(seq) only after consume_line returned the line's ACK, right before writing "
+                    "it: never in a `finally` or an `except`, never for a line that failed.",
+                    clause="6.commit-before-hook")
+
+    return check
+
+
 def aborted(record: dict) -> Miss | None:
     kinds = [e["kind"] for e in _log(record)]
     if "abort" not in kinds:
@@ -1524,7 +1544,8 @@ def check_session(ctx: StepContext) -> list[Case]:
             conn = len(faults)
             dbs[conn] = db
         specs.append({"db": str(db), "timeout": encode(spec.pop("timeout")), "conn": conn, **spec})
-        plans.append(Plan(label, called, expected, both(*checks(db, conn), db_kept_open),
+        plans.append(Plan(label, called, expected, both(*checks(db, conn), db_kept_open,
+                                                        hooks_on_acked_lines(spec.get("hook_fails_at"))),
                           clauses=(*clauses, "6.db-left-open")))
 
     def feed_acked(seqs: list[int], hint: str = "Send exactly one `ACK <seq>\\n` per committed line, and drain it."):
