@@ -107,7 +107,7 @@ class CallSteps:
         return {"write": db.try_write(path), "state": snapshot(path, self.tables)}, {}
 
     def add(self, label: str, path: Path, args: list, expected: str, rules: list[tuple[str, Check]],
-            called: str = "") -> None:
+            called: str = "", twice: bool = False) -> None:
         if path not in self.initial:
             self.initial[path] = snapshot(path, self.tables)
         self.paths[label] = path
@@ -115,7 +115,8 @@ class CallSteps:
         shown = called or f"{self.fn}(con, {', '.join(show(a, 90) for a in args)})"
         self.plans.append(Plan(label, shown, expected, both(*(under(c, k) for c, k in rules)),
                                clauses=tuple(dict.fromkeys(c for c, _ in rules))))
-        self.specs.append({"name": label, "fn": self.fn, "db": str(path), "args": [encode(a) for a in args]})
+        self.specs.append({"name": label, "fn": self.fn, "db": str(path), "args": [encode(a) for a in args],
+                           "twice": twice})
 
     def after(self, case: str) -> Any:
         saw = seen_after(self.witness, case)
@@ -369,6 +370,21 @@ def check_pending(ctx: StepContext) -> list[Case]:
         steps.add(label, db_path, [limit], f"{len(expected)} event{'s' if len(expected) != 1 else ''}, in seq order",
                   [*_batch(expected, clause, sent | {e["id"] for e in done}),
                    ("4.read-only", steps.unchanged(label, read_only))])
+    # calls compared by identity as well as value: every call builds new dicts
+    fresh_hint = ("Build new dicts on every call (`json.loads(body)` each time): a cache that hands out the same "
+                  "dicts again lets one caller's change alter the next result.")
+
+    def not_shared(record):
+        if record["observed"].get("shared"):
+            return Miss("the second call returned some of the very dicts the first call returned", fresh_hint)
+        return None
+
+    label = "a second call after the caller changed the first result"
+    # only identity is judged here: what the values must be, the cases above judge
+    steps.add(label, path, [2], "new dicts, none of them an object the first call returned",
+              [("4.new-dicts", not_shared)],
+              called="rows = pending(con, 2); every row's qty set to -1 by the caller; pending(con, 2) again",
+              twice=True)
     for bad, clause, hint in ((0, "4.limit-min", LIMIT_RANGE_HINT), (-1, "4.limit-min", LIMIT_RANGE_HINT),
                               (17, "4.limit-max", LIMIT_RANGE_HINT), (1000, "4.limit-max", LIMIT_RANGE_HINT),
                               (True, "4.limit-bool", BOOL_HINT), (False, "4.limit-bool", BOOL_HINT),

@@ -115,6 +115,8 @@ STEP_4 = [
     Clause("4.seq-order", "Events come back in outbox seq order, never by id."),
     Clause("4.events-rebuilt", "The result is a list of dicts equal to the accepted events (rebuilt from "
                                "outbox.body, qty an int)."),
+    Clause("4.new-dicts", "Every call returns new dicts: a caller changing one result never changes what the next "
+                          "call returns."),
     Clause("4.read-only", "Reading changes nothing in the database."),
     Clause("4.no-transaction-left", "After the call the caller's connection is open and holds no transaction "
                                     "or read lock: another connection can write."),
@@ -222,6 +224,8 @@ STEP_8 = [
                           "DeliveryError; JSON whitespace around and inside is fine."),
     Clause("8.ack-id", "The ack names exactly this event's id: another id, another case, a prefix, another "
                        "type (7 for '7') are DeliveryError."),
+    Clause("8.ack-any-content-type", "The reply's headers are not part of the ACK: a 200 whose body is the ACK is "
+                                     "True whatever its Content-Type says (none, text/plain, a charset)."),
     Clause("8.ack-json-object", "A body that is JSON but not an object (true, null, NaN, a list, a string, a "
                                 "number) is DeliveryError."),
     Clause("8.ack-not-json", "A body that is not JSON (text, invalid UTF-8, empty) is DeliveryError."),

@@ -59,6 +59,7 @@ class Dispatches:
         self.paths: dict[str, Path] = {}
         self.replies: dict[str, list[dict]] = {}
         self.counts: dict[str, int] = {}
+        self.no_new_orders: set[str] = set()
         self.lock = threading.Lock()
         self.witness = Witness(self._look)
 
@@ -73,11 +74,14 @@ class Dispatches:
         with self.lock:  # a dispatch may call send from several threads
             n = self.counts[case] = self.counts.get(case, 0) + 1
         flags = db.sent_flags(path)
+        replies = self.replies[case]
+        answer = replies[n - 1] if n <= len(replies) else {}
+        if case in self.no_new_orders:  # a scenario of two calls: the second must see only the first's rows
+            return {"flags": flags, "accept": "", "new_order": None}, answer
         fresh = event(f"new-{len(self.paths)}-{n}", "fresh", n)
         locked = any(s.saw.get("accept") for s in self.sends(case))  # seen once is enough: don't wait again
         accepted = "skipped: the lock was seen earlier in this scenario" if locked else db.accept_order(path, fresh)
-        replies = self.replies[case]
-        return {"flags": flags, "accept": accepted, "new_order": fresh["id"]}, replies[n - 1] if n <= len(replies) else {}
+        return {"flags": flags, "accept": accepted, "new_order": fresh["id"]}, answer
 
     def batch(self, prefixes: str) -> list[dict]:
         rng = self.ctx.rng
@@ -91,11 +95,14 @@ class Dispatches:
 
     def add(self, label: str, called: str, expected: str, events: list[dict], limit: Any,
             rules: Callable[[Path, list[dict]], list[tuple[str, Check]]], replies: list = (), hook: bool = False,
-            mutate: str | None = None, sent: list[dict] = ()) -> None:
+            mutate: str | None = None, sent: list[dict] = (), again: bool = False) -> None:
         rows = [*events[:1], *sent, *events[1:]]  # a sent row between pending ones
         path = db.make_source(self.ctx.path(f"s{len(self.scenarios)}.db"), rows, sent={e["id"] for e in sent})
         self.paths[label], self.replies[label] = path, list(replies)
-        self.scenarios.append({"name": label, "db": str(path), "limit": encode(limit), "hook": hook, "mutate": mutate})
+        if again:
+            self.no_new_orders.add(label)
+        self.scenarios.append({"name": label, "db": str(path), "limit": encode(limit), "hook": hook, "mutate": mutate,
+                               "again": again})
         common = [("7.read-before-send", self._no_lock(label)),
                   ("7.mark-after-ack", self._not_marked_early(label, {e["id"] for e in events})),
                   ("7.fresh-copy", self._copies(label, events)), ("7.batch-fixed", self._batch_fixed(label))]
@@ -334,6 +341,33 @@ def check_dispatch(ctx: StepContext) -> list[Case]:
     d.add("the callee changes its copy", "dispatch(con, send, 1, after_delivery=hook) where send sets event['id'] "
           "to the next row's id", f"1; {pair[0]['id']} marked, {pair[1]['id']} still pending", pair, 1, as_selected,
           hook=True, mutate=pair[1]["id"])
+    # a second call after a failure, in the same process: dispatch keeps nothing between calls, so
+    # the failed event is still the oldest pending row and is sent first
+    retried = d.batch("rst")
+    label = "the next call after a failure sends the failed event again first"
+    again_hint = ("dispatch keeps nothing between calls (no set of failed ids, no mutable default): each call "
+                  "sends pending(con, limit) in seq order, and the failed event is still the oldest pending row.")
+
+    def next_call(path, events):
+        ids = [e["id"] for e in events]
+
+        def first_failed(record):
+            first = record["observed"].get("first_call") or {}
+            if first.get("kind") != "raised":
+                return Miss(f"the first call {outcome_text(first) if first else 'was not made'}, where send raised "
+                            "OSError for the second event", "Let send's exception propagate unchanged.")
+            return None
+
+        return [("7.send-error-same", first_failed),
+                ("7.batch-order", d.sent_ids(label, [ids[0], ids[1], ids[1], ids[2]], again_hint)),
+                ("7.returns-count", returns(2, "The second call marks the two events left: return 2.")),
+                ("7.marks-acked", flags_are(path, {i: 1 for i in ids}, mark_hint))]
+
+    d.add(label, "dispatch(con, send, 16) where the second send raises OSError, then dispatch(con, send, 16) again "
+          "in the same process where every send returns True",
+          f"the first call raises; the second sends {retried[1]['id']} then {retried[2]['id']}, marks both, returns 2",
+          retried, 16, next_call, [ok, {"raise": {"type": "OSError", "message": "warehouse unreachable"}}, ok, ok],
+          again=True)
     for bad, clause in ((0, "7.limit-range"), (-1, "7.limit-range"), (17, "7.limit-range"), (True, "7.limit-type"),
                         (2.0, "7.limit-type"), ("3", "7.limit-type"), (None, "7.limit-type")):
         label = f"limit {bad!r} is refused before sending"

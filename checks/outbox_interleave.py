@@ -96,7 +96,7 @@ class Interleaved:
 
         def check(record: dict) -> Miss | None:
             runs = record["observed"].get("runs")
-            if not isinstance(runs, list) or not runs:
+            if not isinstance(runs, list) or not runs or not all(isinstance(r, dict) for r in runs):
                 return Miss("the probe reported no call", "Don't patch or replace the checker's code.")
             for run in runs:
                 k = run.get("k")
@@ -112,8 +112,14 @@ class Interleaved:
         self.plans.append(Plan(label, called, expected, check, clauses=clauses))
 
     def run(self) -> list[Case]:
-        with self.witness:
-            return self.ctx.cases("interleaving", self.plans, {"runs": self.specs, "witness": self.witness.url})
+        try:
+            with self.witness:
+                return self.ctx.cases("interleaving", self.plans, {"runs": self.specs, "witness": self.witness.url})
+        finally:  # a child that died mid-call never asked for its "after": end the judge's writers
+            with self.lock:
+                left, self.holding = list(self.holding.values()), {}
+            for competing in left:
+                competing.finish()
 
 
 class RunMiss(Miss):

@@ -120,10 +120,21 @@ def on_connection(mod, args: dict) -> None:
             if db not in cons or not _usable(cons[db]):
                 cons[db] = plain(db)  # a function that closed the last one gets a fresh one
             values = [decode(a) for a in spec["args"]]
-            outcome = probe.call(probe.function(mod, spec["fn"]), cons[db], *values)
+            outcome, result = probe.call_keep(probe.function(mod, spec["fn"]), cons[db], *values)
+            shared = False
+            if spec.get("twice") and outcome["kind"] == "returned":
+                # the caller changes what it got, then calls again: the new answer must not show it
+                first = result if isinstance(result, list) else []
+                for item in first:
+                    if isinstance(item, dict):
+                        item["qty"] = -1
+                outcome, result = probe.call_keep(probe.function(mod, spec["fn"]), cons[db], *values)
+                seen = {id(item) for item in first}  # `first` is still alive: its ids are its own
+                shared = isinstance(result, list) and any(id(item) in seen for item in result)
             still_open = _usable(cons[db])
             see(args["witness"], spec["name"], "after")
-            probe.report(spec["name"], outcome, connection_open=still_open, received=probe.received(values))
+            probe.report(spec["name"], outcome, connection_open=still_open, received=probe.received(values),
+                         shared=shared)
     finally:
         for con in cons.values():
             con.close()
@@ -213,14 +224,19 @@ def dispatching(mod, args: dict) -> None:
 
         kwargs = {"after_delivery": after_delivery} if case.get("hook") else {}
         limit = decode(case["limit"])
+        first = None
         try:
             outcome, error = probe.call_keep(dispatch, con, send, limit, **kwargs)
+            if case.get("again"):  # the next call, in the same process: it must start afresh
+                first = outcome
+                outcome, error = probe.call_keep(dispatch, con, send, limit, **kwargs)
         finally:
             con.close()
             if callable(real_pending):
                 mod.pending = real_pending
         same_error = bool(raised) and error is raised[-1]
-        probe.report(name, outcome, same_error=same_error, send_misuse=misuse, received=probe.received([limit]))
+        probe.report(name, outcome, same_error=same_error, send_misuse=misuse, received=probe.received([limit]),
+                     first_call=first)
 
 
 # --- step 8 -------------------------------------------------------------------------------

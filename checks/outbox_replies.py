@@ -36,7 +36,7 @@ class Reply:
     status: int = 200
     body: Body = b""
     framing: str = "length"  # "length": Content-Length; "close": none, ends at close; "chunked"
-    headers: tuple[tuple[str, str], ...] = ()
+    headers: tuple[tuple[str, str | None], ...] = ()  # a value None leaves that header out
     delay: float = 0.0  # silence before the status line
     body_delay: float = 0.0  # silence between the head and the body
     stream: int = 0  # after the body, this many more bytes of spaces
@@ -306,7 +306,7 @@ def _head(reply: Reply, length: int) -> bytes:
         lines.append("Transfer-Encoding: chunked")
     if not any(name.lower() == "content-type" for name, _ in reply.headers):
         lines.append("Content-Type: application/json")
-    lines += [f"{name}: {value}" for name, value in reply.headers]
+    lines += [f"{name}: {value}" for name, value in reply.headers if value is not None]  # None: leave it out
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
 

@@ -345,6 +345,14 @@ def check_send_http(ctx: StepContext) -> list[Case]:
         listener = listen([reply(200, body)])
         h.add(f"{label} is an ACK", f"send_http(url, event) answered 200 with {label}", "True",
               [listener.url, h.fresh("ack")], listener, [(clause, returns(True, _ACK_RULE))])
+    # the ACK is the status and the body: whatever the reply's headers say about its type
+    for ctype, shown in ((None, "no Content-Type"), ("text/plain", "Content-Type: text/plain"),
+                         ("application/json; charset=utf-8", "Content-Type: application/json; charset=utf-8")):
+        listener = listen([reply(200, _ack_text, headers=(("Content-Type", ctype),))])
+        h.add(f"an ACK with {shown} is an ACK", f"send_http(url, event) answered 200 with a perfect ACK and {shown}",
+              "True", [listener.url, h.fresh("ack")], listener,
+              [("8.ack-any-content-type", returns(True, "The ACK is the status and the body: don't check the reply's "
+                                                        "Content-Type (a warehouse may send none, or text/plain)."))])
     for framing, shown in (("close", "without Content-Length"), ("chunked", "chunked")):
         listener = listen([reply(200, _padded(1024), framing=framing)])
         h.add(f"a 1,024-byte ACK ({shown}) is an ACK", f"send_http(url, event) answered 200 with a "
