@@ -1,4 +1,4 @@
-"""Wrong: accept opens its transaction with a deferred BEGIN, which fails at its first write while another connection writes, where BEGIN IMMEDIATE would wait. Fails step 3. Clause: 3.concurrent-writer. Message: a deferred `BEGIN` that has already read cannot wait"""
+"""Wrong: accept opens its transaction with a deferred BEGIN, which fails at its first write while another connection writes, where BEGIN IMMEDIATE would wait. Fails step 3. Clause: 3.concurrent-writer. Message: when another connection accepted the same order just before your statement"""
 
 # --- provided code -----------------------------------------------
 import json

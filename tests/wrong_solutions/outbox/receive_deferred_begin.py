@@ -1,4 +1,4 @@
-"""Wrong: receive opens its transaction with a deferred BEGIN, which fails at its first write while another connection writes. Fails step 5. Clause: 5.concurrent-writer. Message: a deferred `BEGIN` that has already read cannot wait"""
+"""Wrong: receive opens its transaction with a deferred BEGIN, which fails at its first write while another connection writes. Fails step 5. Clause: 5.concurrent-writer. Message: when another connection applied the same event just before your statement"""
 
 # --- provided code -----------------------------------------------
 import json
