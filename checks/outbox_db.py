@@ -9,8 +9,8 @@ renamed column, a file that is no longer a database): those return a `Broken` in
 from __future__ import annotations
 
 import itertools
-import threading
 import sqlite3
+import threading
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path

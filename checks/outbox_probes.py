@@ -345,7 +345,7 @@ def interleaving(mod, args: dict) -> None:
                 con = plain(path, spec.get("busy", 1.0))
                 counter = statements.before_statement(
                     con, 1 if mode == "hold" else k,
-                    lambda sql, k=k: see(args["witness"], name, "between", k=k, sql=sql))
+                    lambda sql, k=k, name=name: see(args["witness"], name, "between", k=k, sql=sql))
             try:
                 outcome = probe.call(fn, con, *values)
             except KeyboardInterrupt as exc:  # probe.call lets a BaseException through
