@@ -56,6 +56,7 @@ class Interleaved:
     holding: dict[tuple[str, int], db.Competing] = field(default_factory=dict)
 
     def __post_init__(self):
+        self.ctx = self.ctx.apart("interleaving")  # its child runs beside the step's other one
         self.lock = threading.Lock()
         self.witness = Witness(self._look)
 

@@ -510,7 +510,7 @@ def _enqueue_in_every_state(ctx: StepContext) -> tuple[list[Plan], list[dict]]:
 
 def check_claim(ctx: StepContext) -> list[Case]:
     with ThreadPoolExecutor(max_workers=2) as pool:
-        racing = pool.submit(_race, ctx)
+        racing = pool.submit(_race, ctx.apart("race"))
         cases = _claim_cases(ctx)
         return cases + racing.result()
 

@@ -223,6 +223,11 @@ def _unreported(run: ChildRun, plan: Plan, stuck: str | None, timeout: float) ->
     return ended_case(ended, plan.name, plan.called, plan.expected)
 
 
+AFTERMATH_HINT = ("The check's own code stopped on this error after your code had run: look for something in "
+                  "your code that closes, removes, replaces or locks what the check uses (its connection, its "
+                  "files), or patches a module.")
+
+
 def ended_case(ended: dict, name: str, called: str, expected: str) -> Case:
     """A call that never answered because the child hung ("timed_out"), left through SystemExit
     or another BaseException ("aborted") or died ("died"): the kinds `child` reports."""
@@ -232,10 +237,13 @@ def ended_case(ended: dict, name: str, called: str, expected: str) -> Case:
                     f"no answer within {ended['seconds']:g} s; the process was killed",
                     "Look for a loop that never ends or a wait without a timeout.")
     if kind == "aborted":
-        return Case(name, Outcome.RAISED, called, expected,
-                    f"ended the process: {describe(ended['error'])}",
-                    "Don't call sys.exit() or raise BaseException subclasses from lab functions.",
-                    ended["error"].get("trace", ""))
+        error = ended["error"]
+        # Every call of a lab function is wrapped in `except Exception`: an Exception that ended
+        # the process escaped the check's own code, after the student's had run.
+        hint = (AFTERMATH_HINT if "Exception" in (error.get("mro") or [])
+                else "Don't call sys.exit() or raise BaseException subclasses from lab functions.")
+        return Case(name, Outcome.RAISED, called, expected, f"ended the process: {describe(error)}", hint,
+                    error.get("trace", ""))
     return Case(name, Outcome.DIED, called, expected,
                 f"the process died (exit code {ended.get('exit_code')}) before answering",
                 "Something in your code ended the interpreter (os._exit, a crash, or the memory limit).")

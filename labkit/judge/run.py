@@ -7,6 +7,7 @@ itself — the DB files through its own connections, the servers' logs, exit cod
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import shutil
 import tempfile
@@ -73,6 +74,15 @@ class StepContext:
     evidence: Evidence = field(default_factory=Evidence)
     markers: list[str] = field(default_factory=list)
     step: int | str = ""  # the step this context runs (seeds what is derived per step)
+    folders: list[Path] = field(default_factory=list)  # made by `apart`, removed with the step's
+
+    def apart(self, name: str) -> StepContext:
+        """A context for children run side by side with this step's others: a work folder of its
+        own (neither run can touch the other's files) and a random stream of its own (what each
+        draws does not depend on which thread came first). Markers, evidence and clean-up are shared."""
+        workdir = Path(tempfile.mkdtemp(prefix=f"labkit-{name}-"))
+        self.folders.append(workdir)
+        return dataclasses.replace(self, workdir=workdir, rng=random.Random(f"{self.seed}:{self.step}:{name}"))
 
     def marker(self) -> str:
         """A fresh run marker for a process this step starts; killed when the step ends."""
@@ -111,7 +121,8 @@ def _run_step(lab: LabSpec, spec: StepSpec, solution: Path, seed: int, timeout: 
     finally:
         for marker in ctx.markers:
             reaper.kill_marked(marker)
-        shutil.rmtree(workdir, ignore_errors=True)
+        for folder in [workdir, *ctx.folders]:
+            shutil.rmtree(folder, ignore_errors=True)
     if verdict.waiting:
         # A scenario that never ran (the steps it needs are still the skeleton or missing): a
         # timeline and a ladder would show a crash that did not happen. Faults are only listed
