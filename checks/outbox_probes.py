@@ -75,8 +75,10 @@ def _describe_connection(con) -> dict:
         return seen
     try:
         seen["isolation_level"] = encode(con.isolation_level)
-        seen["busy_timeout"] = con.execute("PRAGMA busy_timeout").fetchone()[0]
-        files = [row[2] for row in con.execute("PRAGMA database_list") if row[1] == "main"]
+        seen["busy_timeout"] = probe.pragma(con, "busy_timeout")
+        cursor = con.cursor()
+        cursor.row_factory = None  # the student's row_factory is theirs; the judge reads tuples
+        files = [row[2] for row in cursor.execute("PRAGMA database_list") if row[1] == "main"]
         seen["file"] = os.path.realpath(files[0]) if files and files[0] else ""
     except sqlite3.Error as exc:
         seen["error"] = f"{type(exc).__name__}: {exc}"

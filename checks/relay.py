@@ -214,6 +214,9 @@ def check_open(ctx: StepContext) -> list[Case]:
         outcome, seen = record["outcome"], record["observed"]
         if outcome["kind"] != "returned" or outcome["value"].get("type") != "Connection":
             return Miss(describe(outcome), "open_outbox returns the sqlite3.Connection it opened.")
+        if seen.get("closed"):
+            return Miss("returned a connection that was already closed",
+                        "Return the open connection: close it only when initialisation fails (then re-raise).")
         if seen.get("isolation_level") != encode(None):
             return Miss(f"isolation_level is {show(decode(seen.get('isolation_level', encode(''))))}",
                         "Connect with `isolation_level=None`: the default opens hidden transactions.")

@@ -131,7 +131,7 @@ def open_case(mod, case: dict, cleanup: list) -> tuple[dict, dict]:
             observed["closed"] = True
         else:
             observed.update(isolation_level=encode(con.isolation_level),
-                            busy_timeout=con.execute("PRAGMA busy_timeout").fetchone()[0],
+                            busy_timeout=probe.pragma(con, "busy_timeout"),
                             in_transaction=con.in_transaction)
     return outcome, observed
 

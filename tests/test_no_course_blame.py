@@ -72,3 +72,28 @@ def test_a_check_that_raises_is_found_as_a_course_fault(tmp_path):
     verdict = run_lab(LabSpec("toy", "toy", "labkit.probe", [StepSpec(1, "broken", 1, broken)]), module, seed=1)
     assert course_faults(verdict.steps) == ["1: check: 'the checker itself failed'", "1: check: 'bug in the course'",
                                             "1: check: 'please report it'"]
+
+
+# The function that opens the lab's connection, and its step: what the student does to the
+# connection before returning it is theirs; the judge must still read it, or say what it found.
+OPENERS = {"outbox": ("2", ["open_source", "open_sink"]), "vending": ("2", ["open_store"]),
+           "relay": ("1", ["open_outbox"])}
+DICT_ROWS = "lambda cur, row: {d[0]: v for d, v in zip(cur.description, row)}"
+
+
+@pytest.mark.parametrize("lab", sorted(OPENERS))
+@pytest.mark.parametrize("change", ["dict rows", "closed"])
+def test_what_a_student_does_to_the_returned_connection_gets_a_verdict_about_it(lab, change, tmp_path):
+    step, names = OPENERS[lab]
+    module = tmp_path / labs.MODULE_FILES[lab]
+    wrapped = "".join(
+        f"\n_real_{n} = {n}\ndef {n}(*a, **kw):\n    con = _real_{n}(*a, **kw)\n"
+        + (f"    con.row_factory = {DICT_ROWS}\n" if change == "dict rows" else "    con.close()\n")
+        + "    return con\n" for n in names)
+    module.write_text(coverage.reference(lab).read_text() + wrapped)
+    result = run_lab(labs.load(lab), module, steps=[step], seed=SEEDS[0], explain=False)
+    cases = result.steps[0].cases
+    ended = [f"{c.name}: {c.got}" for c in cases if "ended the process" in c.got]
+    assert not ended and course_faults(result.steps) == []
+    if change == "closed":
+        assert any("already closed" in c.got for c in cases), [c.got for c in cases if not c.passed]

@@ -243,6 +243,18 @@ def is_open(con: sqlite3.Connection) -> bool:
         return False
 
 
+def pragma(con: sqlite3.Connection, name: str) -> Any:
+    """`PRAGMA name`'s value on the student's connection, whatever its row_factory (a dict or a
+    namedtuple factory is theirs to choose); None when the connection cannot answer."""
+    try:
+        cursor = con.cursor()
+        cursor.row_factory = None
+        row = cursor.execute(f"PRAGMA {name}").fetchone()
+        return row[0] if row else None
+    except sqlite3.Error:
+        return None
+
+
 def see(url: str, case: str, point: str, **said) -> dict:
     """Ask the judge's witness (`checks/outbox_witness.py`) to look now, and wait for its answer
     ({} or what it says; {"witness_error": ...} when it could not be reached).
