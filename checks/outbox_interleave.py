@@ -40,6 +40,7 @@ SHORT_BUSY = 0.02  # s: the busy timeout of the connection given in the "hold" c
 KI_HINT = ("Roll back in `except BaseException:` (or `finally`), not `except Exception:`: a KeyboardInterrupt "
            "(Ctrl-C) part-way must not leave the transaction open.")
 FAULT_MESSAGE = "disk I/O error (injected by the judge)"
+NO_STATEMENT_HINT = "Make the plain call work first: this case faults each SQL statement the call runs."
 
 
 @dataclass
@@ -168,6 +169,9 @@ def fault_judge(kind: str, clauses: dict[str, str], allowed: Callable[[Any], boo
     the commit, as after a clean call), no transaction left. `clauses`: error, state, left."""
 
     def judge(runs: list[dict]) -> Miss | None:
+        if not any(r.get("reached") for r in runs):  # nothing was faulted: never a pass
+            return RunMiss(runs[0], f"the call {outcome_text(runs[0]['outcome'], 80)} before running any SQL "
+                                    "statement, so no fault could be tried", NO_STATEMENT_HINT, clauses["error"])
         clean = [r for r in runs if not r.get("reached")]
         done = clean[-1]["after"].get("state") if clean and clean[-1].get("after") else None
         for run in runs:

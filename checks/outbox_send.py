@@ -275,7 +275,7 @@ def check_send_http(ctx: StepContext) -> list[Case]:
              "Ports run from 1 to 65535: 65535 is allowed.")):
         h.add(label, f"send_http({url!r}, ...)", "not ValueError: the URL is valid (an OSError, since nothing "
                                                   "answers there)", [url, h.fresh("edge")], None,
-              [(clause, _not_value_error(hint))])
+              [(clause, _not_value_error(hint)), ("8.network-error", _network_error)])
     for label, url, clause in URL_REFUSED:
         listener = listen([reply(200, json_ack)])
         target = url.format(p=listener.port)

@@ -78,12 +78,26 @@ def left_clean(record: dict, run: dict, allowed: list[dict], shown, happened: st
     return None
 
 
+def nothing_swept(record: dict, key: str, clause: str) -> Miss | None:
+    """A sweep in which no run reached a statement tried nothing: a miss, never a vacuous pass."""
+    runs = record["observed"].get("runs", [])
+    if any(run.get(key) for run in runs):
+        return None
+    outcome = runs[0]["outcome"] if runs else record["outcome"]
+    return Miss(f"apply_event {describe(outcome)} before running any SQL statement, so nothing could be tried "
+                "between its statements", "Make the plain call work first: this case interrupts each SQL "
+                "statement the call runs.", clause=clause)
+
+
 def another_writer(seq: int, delta: int, before: dict, after: dict, shown) -> Plan:
     """Another connection applies (seq, delta) at statement k. Where it got in, the call must find
     the event applied (False) and leave it counted once. Where the call's own lock kept it out,
     the run was undisturbed: the other cases judge that."""
 
     def check(record: dict) -> Miss | None:
+        miss = nothing_swept(record, "acted", "3.concurrent-writer")
+        if miss is not None:
+            return miss
         for run in record["observed"].get("runs", []):
             if not run.get("acted"):
                 continue
@@ -114,6 +128,9 @@ def faults_between(what: str, call: str, before: dict, shown) -> Plan:
     interrupt after the COMMIT) all of what the undisturbed call left; nothing stays open."""
 
     def check(record: dict) -> Miss | None:
+        miss = nothing_swept(record, "fired", "3.original-error")
+        if miss is not None:
+            return miss
         for run in record["observed"].get("runs", []):
             # Right after BEGIN returns, before `try:` is entered, no code can roll back: the usual
             # `BEGIN; try: ...` (the reference's) leaves that one bytecode open, as `lock.acquire()` does.
