@@ -194,6 +194,10 @@ class Competing:
         def end() -> None:
             self._released.wait(hold if commit else 30.0)
             try:
+                # The student's BEGIN, retrying for the lock, holds the file's SHARED lock for a
+                # moment each time: with no busy timeout, a COMMIT landing in that moment failed
+                # (and rolled back) on a busy machine, and the reference "missed" the other write.
+                con.execute("PRAGMA busy_timeout = 5000")
                 con.execute("COMMIT" if commit else "ROLLBACK")
             except sqlite3.Error:
                 if con.in_transaction:

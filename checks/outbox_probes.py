@@ -344,7 +344,9 @@ def interleaving(mod, args: dict) -> None:
             if mode in _FAULTS:
                 con, counter = statements.faulty(path, k, _FAULTS[mode]())
             else:
-                con = plain(path, spec.get("busy", 1.0))
+                # the judge's writer commits HOLD s after it got in: a busy machine must not turn
+                # the student's wait for it into 'database is locked'
+                con = plain(path, spec.get("busy", 5.0))
                 counter = statements.before_statement(
                     con, 1 if mode == "hold" else k,
                     lambda sql, k=k, name=name: see(args["witness"], name, "between", k=k, sql=sql))
