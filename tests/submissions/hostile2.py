@@ -728,15 +728,17 @@ def build(release: NotebookNode, reference: str, targets: Targets, *, wrong_mark
     entries.append(Hostile("printer", "01-lab.ipynb", printer, ALL, evidence=("FIRED:printer: started",),
                            why="printed text that splits into formulas"))
     fdw = ref()
-    # The pause lets the kernel's IOPub thread send 'started' before the loop writes over the
-    # fds that thread sends on: without it the one piece of evidence could be lost (it was, once).
-    _after(fdw, setup, kernel_cell("fdw", TRY + f"""
-import os, time
-time.sleep(1)
+    # 'started' in a cell of its own: nbclient runs the next cell only once the kernel has sent
+    # this one's output and gone idle, so the loop, which writes over the fds the kernel's IOPub
+    # thread sends on, cannot lose the one piece of evidence (a pause did, under CI's load).
+    _after(fdw, setup, _code("print('FIRED:fdw: started', flush=True)"), _code(TRY + f"""
+_r = []
+import os
 for _fd in range(256):
     _t(str(_fd), lambda: os.write(_fd, b'\\n{FDW}\\n'))
 for _p in os.listdir('/proc/self/fd'):
     _t('/proc/self/fd/' + _p, lambda: open('/proc/self/fd/' + _p, 'wb').write(b'\\n{FDW}\\n'))
+print('FIRED:fdw:', _r, flush=True)
 """))
     entries.append(Hostile("fdw", "01-lab.ipynb", fdw, ALL, evidence=("FIRED:fdw: started",), alternatives=("crashed", "timeout"),
                            why="writes a marker to every fd 0..255 and /proc/self/fd/* from the kernel"))
