@@ -29,11 +29,28 @@ import uuid
 from pathlib import Path
 
 from jupyter_client import AsyncKernelManager
+from jupyter_client.asynchronous import AsyncKernelClient
 
 from labkit import sandbox
 from labkit.grading.settings import Limits
 from labkit.limits import RUN_MARKER
 from labkit.sandbox import bwrap, profiles
+
+
+class NoHeartbeatClient(AsyncKernelClient):
+    """A kernel client without the heartbeat channel.
+
+    The heartbeat's thread can wait forever: a cell that writes over the kernel's sockets breaks
+    its REQ/REP cycle, the thread reconnects and awaits a `send` that a dead kernel never takes,
+    and `stop_channels()` joins it without a timeout (jupyter_client 8.10), so the grader's
+    worker hung until the batch killed it and the executed notebook was lost. Nothing needs the
+    heartbeat: the client asks its manager, which watches the kernel's process, whether the
+    kernel is alive."""
+
+    def start_channels(self, shell: bool = True, iopub: bool = True, stdin: bool = True, hb: bool = True,
+                       control: bool = True) -> None:
+        super().start_channels(shell=shell, iopub=iopub, stdin=stdin, hb=False, control=control)
+
 
 # The kernel's home and working folder inside its sandbox (a private tmpfs).
 HOME = "/home/student"
@@ -204,6 +221,7 @@ class KernelBox:
         self.boxes.clear()
 
     def manager_class(self) -> type[AsyncKernelManager]:
+        """A kernel manager that starts the kernel in this box, for nbclient's `kernel_manager_class`."""
         owner = self
 
         class SandboxedKernelManager(AsyncKernelManager):
@@ -211,6 +229,7 @@ class KernelBox:
 
             def __init__(self, **kwargs):
                 super().__init__(**kwargs)
+                self.client_factory = NoHeartbeatClient
                 self.transport = "ipc"
                 self.ip = str(owner.sockets / f"k{uuid.uuid4().hex[:8]}")
                 self.connection_file = str(owner.sockets / f"kernel-{uuid.uuid4().hex}.json")
