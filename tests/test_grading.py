@@ -501,6 +501,10 @@ def test_sigkill_halfway_then_rerun_keeps_every_grade_once(tmp_path):
     assert {k: after[k] for k in before} == before, "a finished grade was graded again"
     rows = json.loads((out / "grades.json").read_text())
     assert sorted(r["student"] for r in rows) == names
+    # The rerun's kernels must not meet what the killed run left (they once shared a socket folder).
+    assert [(r["student"], r["status"], r["message"]) for r in rows if r["status"] != "ok"] == []
+    took = re.search(r"feedback in .* \(([\d.]+) s\)", second.stdout)
+    assert took and float(took.group(1)) < 300, second.stdout  # the rerun's own time, not the clock's
     with open(out / "grades.csv", newline="") as fh:
         assert sorted(r["student"] for r in csv.DictReader(fh)) == names
     assert survivors(token) == []

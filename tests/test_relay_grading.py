@@ -22,7 +22,7 @@ import nbformat
 import pytest
 
 from labkit.grading import gradebook
-from labkit.grading.settings import socket_folder
+from labkit.grading.settings import socket_folders
 from tests.submissions import corpus, hostile
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,7 +70,7 @@ def test_grade_scores_lab_03_notebooks_step_by_step(tmp_path):
     assert sum(reference.values()) == 13
 
     keys = [p.stem for p in gradebook.results_dir(out).glob("*.json")]
-    assert len(keys) == 3 and not [k for k in keys if socket_folder(out, k).exists()], "socket folders left behind"
+    assert len(keys) == 3 and not [k for k in keys if socket_folders(out, k)], "socket folders left behind"
 
     rows = {r["student"]: r for r in json.loads((out / "grades.json").read_text())}
     assert set(rows) == {"ada", "bo", "kai"}

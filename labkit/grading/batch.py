@@ -42,6 +42,7 @@ from labkit.grading.settings import (
     Limits,
     release_dir,
     socket_folder,
+    socket_folders,
 )
 from labkit.grading.shards import WHOLE, Shard, shard_of
 from labkit.grading.terminal import safe, safe_lines
@@ -86,10 +87,12 @@ def clean_stale(out: Path) -> int:
     for path in folder.glob("*.running") if folder.is_dir() else []:
         try:
             marker = json.loads(path.read_text())["marker"]
-        except (OSError, ValueError, KeyError):
+        except (OSError, ValueError, KeyError, TypeError):
             marker = None
         if marker:
             killed += _sweep(marker)
+        for sockets in socket_folders(out, path.stem):
+            shutil.rmtree(sockets, ignore_errors=True)
         path.unlink(missing_ok=True)
     for partial in folder.glob("*.verdict") if folder.is_dir() else []:
         partial.unlink(missing_ok=True)
@@ -225,7 +228,7 @@ def collect(run: Running, batch: Batch) -> dict:
     run.proc.join()
     _sweep(job["marker"])
     shutil.rmtree(out / WORK / job["key"], ignore_errors=True)
-    shutil.rmtree(socket_folder(out, job["key"]), ignore_errors=True)
+    shutil.rmtree(socket_folder(out, job["key"], job["marker"]), ignore_errors=True)
     result = gradebook.read_result(gradebook.result_path(out, job["key"]))
     if result is not None and result.get("marker") == job["marker"]:
         run.log.unlink(missing_ok=True)  # kept only when the worker itself failed
@@ -382,14 +385,14 @@ def _run_locked(found, skipped, batch: Batch, seed: int | None) -> int:
     progress = Progress(len(todo))
     queue, active = list(todo), []
     free = list(range(batch.jobs))  # slots: how many run at once
-    started = 0  # each started job's uid is its own (`start_worker`)
+    launched = 0  # each started job's uid is its own (`start_worker`)
     try:
         while queue or active:
             while queue and len(active) < batch.jobs:
                 job = queue.pop(0)
                 if gradable(job):
-                    active.append(start_worker(ctx, job, batch, free.pop(0), started))
-                    started += 1
+                    active.append(start_worker(ctx, job, batch, free.pop(0), launched))
+                    launched += 1
                 else:
                     progress.update(record.malformed({**job, "marker": None}, job["problem"])["row"])
             if not active:

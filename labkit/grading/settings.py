@@ -76,12 +76,25 @@ MAX_NOTEBOOK_BYTES = 20 * 1024**2
 MAX_QUIZ_BYTES = 256 * 1024
 
 
-def socket_folder(out: Path, key: str) -> Path:
-    """Where one job's kernel sockets go: a short path of its own, named after the job.
+def socket_folder(out: Path, key: str, marker: str) -> Path:
+    """Where one run of one job keeps its kernel's sockets: a short path of its own.
 
     Not under `--out`: a deep output folder made the kernel's socket path too long ("ZMQError:
     File name too long", and every notebook crashed). Named after the output folder and the
-    job's key, so the batch removes it after the worker, even a killed one, and a rerun finds it."""
-    digest = hashlib.sha256(f"{Path(out).resolve()}\0{key}".encode()).hexdigest()[:16]
-    base = SOCKET_BASE if os.access(SOCKET_BASE, os.W_OK | os.X_OK) else tempfile.gettempdir()
-    return Path(base) / f"labkit-kernel-{digest}"
+    job's key (so the batch finds every folder of a job: `socket_folders`), and after this
+    run's marker: a rerun after a killed grader once shared the folder with what was left of
+    the killed run's worker, and lost its kernel's connection file to that worker's clean-up."""
+    return _socket_base() / f"labkit-kernel-{_job_digest(out, key)}-{marker[:8]}"
+
+
+def socket_folders(out: Path, key: str) -> list[Path]:
+    """Every socket folder of `key` under `out`, of this run or of an earlier, killed one."""
+    return sorted(_socket_base().glob(f"labkit-kernel-{_job_digest(out, key)}-*"))
+
+
+def _job_digest(out: Path, key: str) -> str:
+    return hashlib.sha256(f"{Path(out).resolve()}\0{key}".encode()).hexdigest()[:16]
+
+
+def _socket_base() -> Path:
+    return Path(SOCKET_BASE if os.access(SOCKET_BASE, os.W_OK | os.X_OK) else tempfile.gettempdir())

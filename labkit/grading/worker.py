@@ -93,7 +93,7 @@ def grade(job: dict) -> dict:
     marker = job["marker"]
     work = out / WORK / job["key"]
     shutil.rmtree(work, ignore_errors=True)
-    judge_dir, sockets = work / "judge", socket_folder(out, job["key"])
+    judge_dir, sockets = work / "judge", socket_folder(out, job["key"], job["marker"])
     shutil.rmtree(sockets, ignore_errors=True)
     judge_dir.mkdir(parents=True)
     work.chmod(0o711)  # the sandboxes reach their own paths below it, and cannot list it
