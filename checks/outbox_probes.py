@@ -76,9 +76,7 @@ def _describe_connection(con) -> dict:
     try:
         seen["isolation_level"] = encode(con.isolation_level)
         seen["busy_timeout"] = probe.pragma(con, "busy_timeout")
-        cursor = con.cursor()
-        cursor.row_factory = None  # the student's row_factory is theirs; the judge reads tuples
-        files = [row[2] for row in cursor.execute("PRAGMA database_list") if row[1] == "main"]
+        files = [row[2] for row in probe.plain_rows(con, "PRAGMA database_list") if row[1] == "main"]
         seen["file"] = os.path.realpath(files[0]) if files and files[0] else ""
     except sqlite3.Error as exc:
         seen["error"] = f"{type(exc).__name__}: {exc}"

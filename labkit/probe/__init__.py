@@ -243,16 +243,21 @@ def is_open(con: sqlite3.Connection) -> bool:
         return False
 
 
+def plain_rows(con: sqlite3.Connection, sql: str) -> list[tuple]:
+    """`sql`'s rows on the student's connection as tuples, whatever its row_factory (a dict or a
+    namedtuple factory is theirs to choose). sqlite3's errors propagate."""
+    cursor = con.cursor()
+    cursor.row_factory = None
+    return cursor.execute(sql).fetchall()
+
+
 def pragma(con: sqlite3.Connection, name: str) -> Any:
-    """`PRAGMA name`'s value on the student's connection, whatever its row_factory (a dict or a
-    namedtuple factory is theirs to choose); None when the connection cannot answer."""
+    """`PRAGMA name`'s value on the student's connection (`plain_rows`); None when it cannot answer."""
     try:
-        cursor = con.cursor()
-        cursor.row_factory = None
-        row = cursor.execute(f"PRAGMA {name}").fetchone()
-        return row[0] if row else None
+        rows = plain_rows(con, f"PRAGMA {name}")
     except sqlite3.Error:
         return None
+    return rows[0][0] if rows else None
 
 
 def see(url: str, case: str, point: str, **said) -> dict:
