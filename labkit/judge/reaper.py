@@ -79,13 +79,19 @@ def collect_nested_zombies() -> int:
     """Collect our zombie children that lived in a nested pid namespace: sandboxed processes
     re-parented to us, never a child we started ourselves (those are Popens, in our namespace)."""
     collected = 0
-    for pid, state in children().items():
-        if state == "Z" and _nested(pid):
+    for pid, state in nested_children().items():
+        if state == "Z":
             try:
                 collected += bool(os.waitpid(pid, os.WNOHANG)[0])
             except ChildProcessError:
                 pass
     return collected
+
+
+def nested_children() -> dict[int, str]:
+    """Our children that live in a nested pid namespace (sandboxed processes re-parented to us),
+    with their state letter."""
+    return {pid: state for pid, state in children().items() if _nested(pid)}
 
 
 def _nested(pid: int) -> bool:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import psutil
 import pytest
-from driver import CHROMIUM, CHROMIUM_ARGS, JupyterLab
+from driver import CHROMIUM, CHROMIUM_ARGS, JupyterLab, collect_descendants
 
 
 @pytest.fixture
@@ -20,12 +21,17 @@ def lab(tmp_path_factory):
 def browser():
     from playwright.sync_api import sync_playwright
 
+    descendants: list[psutil.Process] = []
     with sync_playwright() as p:
         chromium = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
             yield chromium
         finally:
+            descendants = psutil.Process().children(recursive=True)
             chromium.close()
+    # Chromium's helpers (crashpad, zygotes) outlive its main process and re-parent here once a
+    # test made this process a subreaper.
+    collect_descendants(descendants)
 
 
 @pytest.fixture
