@@ -10,6 +10,7 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import kernels
 import nbformat
 import pytest
 
@@ -99,14 +100,10 @@ ORDER_BY_ID = {"4": ("ORDER BY seq", "ORDER BY id")}
 
 
 def execute(nb, folder: Path, allow_errors: bool = False):
-    from nbclient import NotebookClient
-
     folder.mkdir(parents=True, exist_ok=True)
     # The kernel imports labkit and checks from this checkout.
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    client = NotebookClient(nb, timeout=240, kernel_name="python3", allow_errors=allow_errors,
-                            resources={"metadata": {"path": str(folder)}})
-    client.execute(env=env)
+    kernels.execute(nb, folder, timeout=240, allow_errors=allow_errors, env=env)
     nbformat.write(nb, folder / "executed.ipynb")
     return nb
 

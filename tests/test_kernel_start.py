@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import kernels
 import nbformat
 import pytest
 
@@ -28,11 +29,7 @@ def _text(cell) -> str:
 
 
 def _run(nb, folder: Path, kernel_name: str = "python3"):
-    from nbclient import NotebookClient
-
-    NotebookClient(nb, timeout=120, kernel_name=kernel_name, allow_errors=True,
-                   resources={"metadata": {"path": str(folder)}}).execute()
-    return nb
+    return kernels.execute(nb, folder, kernel_name=kernel_name)
 
 
 @pytest.mark.slow

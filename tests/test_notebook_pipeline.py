@@ -7,9 +7,9 @@ import re
 import sys
 from pathlib import Path
 
+import kernels
 import nbformat
 import pytest
-from nbclient import NotebookClient
 
 from labkit.notebook import build, module_export
 
@@ -62,10 +62,7 @@ def test_parts_assemble_in_step_order_and_rerun_replaces(tmp_path):
 
 
 def _execute(nb, cwd: Path, timeout: int = 120):
-    client = NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=False,
-                            resources={"metadata": {"path": str(cwd)}})
-    client.execute()
-    return nb
+    return kernels.execute(nb, cwd, timeout=timeout, allow_errors=False)
 
 
 def _text_outputs(nb) -> str:
@@ -168,9 +165,7 @@ def test_order_mistakes_and_syntax_errors_read_in_the_students_terms(tmp_path, j
         'lab.check(99)',
     ]
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
-    client = NotebookClient(nb, timeout=120, kernel_name="python3", allow_errors=True,
-                            resources={"metadata": {"path": str(tmp_path)}})
-    client.execute()
+    kernels.execute(nb, tmp_path)
     text = [_text_outputs(nbformat.v4.new_notebook(cells=[c])) for c in nb.cells]
     assert "Run the setup cell at the top of this notebook first" in text[0] and not _error_text(nb.cells[0])
     assert "not run yet" in text[2] and "Run the `%%step 1` cell above first" in text[2] and "✗" not in text[2]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import kernels
 import nbformat
 import pytest
 
@@ -67,7 +68,6 @@ def test_module_lines_map_back_to_the_students_cells():
 
 @pytest.mark.slow
 def test_kernel_and_grader_agree_on_every_line_shape(tmp_path, jupyter_env):
-    from nbclient import NotebookClient
 
     reset = ('import shutil, json\nshutil.rmtree("work/outbox/parts", ignore_errors=True)\n'
              'from labkit.notebook import module_export\n')
@@ -77,8 +77,7 @@ def test_kernel_and_grader_agree_on_every_line_shape(tmp_path, jupyter_env):
         cells += [nbformat.v4.new_code_cell(reset), nbformat.v4.new_code_cell(_cell(head, n)),
                   nbformat.v4.new_code_cell(snapshot)]
     nb = nbformat.v4.new_notebook(cells=cells, metadata={"labkit": {"lab": "outbox"}})
-    NotebookClient(nb, timeout=120, kernel_name="python3", allow_errors=True,
-                   resources={"metadata": {"path": str(tmp_path)}}).execute()
+    kernels.execute(nb, tmp_path)
 
     for n, (head, expected) in enumerate(SHAPES):
         shape_cell, after = nb.cells[2 + 3 * n], nb.cells[3 + 3 * n]
