@@ -70,15 +70,7 @@ def opening(mod, args: dict) -> None:
             probe.started(case["name"])
             opened.clear()
             outcome, con = probe.call_keep(probe.function(mod, "open_outbox"), case["path"])
-            observed: dict[str, Any] = {"left_open": sum(1 for c in opened if probe.is_open(c)),
-                                        "received": probe.received([case["path"]])}
-            if outcome["kind"] == "returned" and isinstance(con, sqlite3.Connection):
-                if not probe.is_open(con):
-                    observed["closed"] = True
-                else:
-                    observed.update(isolation_level=encode(con.isolation_level),
-                                    busy_timeout=probe.pragma(con, "busy_timeout"),
-                                    in_transaction=con.in_transaction)
+            observed = probe.opening(outcome, con, opened, case["path"])
             for c in opened:
                 c.close()
             probe.report(case["name"], outcome, **observed)

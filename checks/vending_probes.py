@@ -124,16 +124,7 @@ def open_case(mod, case: dict, cleanup: list) -> tuple[dict, dict]:
     kept = [con]  # a raised exception keeps its frames (and their connections) alive too
     cleanup.extend(c.close for c in opened)
     cleanup.append(kept.clear)
-    observed: dict[str, Any] = {"left_open": sum(1 for c in opened if probe.is_open(c)),
-                                "received": probe.received([case["path"]])}
-    if outcome["kind"] == "returned" and isinstance(con, sqlite3.Connection):
-        if not probe.is_open(con):
-            observed["closed"] = True
-        else:
-            observed.update(isolation_level=encode(con.isolation_level),
-                            busy_timeout=probe.pragma(con, "busy_timeout"),
-                            in_transaction=con.in_transaction)
-    return outcome, observed
+    return outcome, probe.opening(outcome, con, opened, case["path"])
 
 
 def state_case(mod, case: dict, cleanup: list) -> tuple[dict, dict]:

@@ -251,6 +251,20 @@ def plain_rows(con: sqlite3.Connection, sql: str) -> list[tuple]:
     return cursor.execute(sql).fetchall()
 
 
+def opening(outcome: dict, con: Any, opened: list, path: str) -> dict[str, Any]:
+    """What the judge is told of one call of an `open_*` function (`opened`: every connection it
+    made, from `tracked_connections`): how many it left open, what it was given, and of the
+    connection it returned, whether it was closed already, else how it is set up."""
+    observed: dict[str, Any] = {"left_open": sum(1 for c in opened if is_open(c)), "received": received([path])}
+    if outcome["kind"] == "returned" and isinstance(con, sqlite3.Connection):
+        if not is_open(con):
+            observed["closed"] = True
+        else:
+            observed.update(isolation_level=encode(con.isolation_level), busy_timeout=pragma(con, "busy_timeout"),
+                            in_transaction=con.in_transaction)
+    return observed
+
+
 def pragma(con: sqlite3.Connection, name: str) -> Any:
     """`PRAGMA name`'s value on the student's connection (`plain_rows`); None when it cannot answer."""
     try:
