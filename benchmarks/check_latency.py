@@ -11,7 +11,6 @@ the median time to start one child interpreter that imports the module and does 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import shutil
 import statistics
 import sys
@@ -30,7 +29,7 @@ from labkit.limits import step_timeout  # noqa: E402
 
 
 def reference(lab: str) -> Path:
-    return ROOT / "solutions" / labs.MODULE_FILES[lab]
+    return ROOT / "solutions" / labs.manifest(lab).module_file
 
 
 def floor(spec: LabSpec, module: Path, runs: int) -> list[float]:
@@ -96,12 +95,12 @@ def bench(lab: str, runs: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=10, help="runs per measurement (default 10)")
-    parser.add_argument("--lab", choices=sorted(labs.LABS), action="append",
+    parser.add_argument("--lab", choices=sorted(labs.available()), action="append",
                         help="lab to measure; repeatable (default: outbox, and vending once its checks exist)")
     args = parser.parse_args(argv)
     if args.runs < 1:
         parser.error("--runs must be at least 1")
-    chosen = args.lab or ["outbox"] + (["vending"] if importlib.util.find_spec(labs.LABS["vending"]) else [])
+    chosen = args.lab or ["outbox"] + (["vending"] if "vending" in labs.available() else [])
     for lab in chosen:
         if lab not in labs.available():
             parser.error(f"lab {lab} has no checks yet (checks/{lab}.py)")

@@ -174,7 +174,7 @@ def test_mutant(lab: str, module: Path, pristine: Path, seed: int) -> int:
 
 
 def reference(lab: str) -> Path:
-    return ROOT / "solutions" / labs.MODULE_FILES[lab]
+    return ROOT / "solutions" / labs.manifest(lab).module_file
 
 
 def workdir(lab: str, steps: list[str]) -> Path:

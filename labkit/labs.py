@@ -1,26 +1,126 @@
-"""The labs the judge knows: name → its checks module (imported only when asked for)."""
+"""The labs the course knows, found through their manifests: `checks/<package>/manifest.toml`.
+
+A manifest is data only, read without importing anything: the lab's name, the student's module
+file, its steps (number, title, points, the steps each builds on), the package's modules that
+hold the checks, the child-side probes and the quiz. The kernel, the grader and the sandbox's
+policies read manifests; only the judge imports a lab's checks (`load`), and the checks take
+their step table from the manifest (`spec`), so a title or a point is written once.
+"""
 
 from __future__ import annotations
 
+import functools
 import importlib
-import importlib.util
+import sys
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
 
-from labkit.judge.run import LabSpec
+CHECKS = Path(__file__).resolve().parents[1] / "checks"
 
-LABS = {"outbox": "checks.outbox", "vending": "checks.vending", "relay": "checks.relay",
-        "start-here": "checks.warmup"}
-MODULE_FILES = {"outbox": "worker.py", "vending": "client.py", "relay": "relay.py", "start-here": "warmup.py"}
+
+class ManifestError(ValueError):
+    """A manifest that does not say what a lab needs (a course bug, found by the test suite)."""
+
+
+@dataclass(frozen=True)
+class Step:
+    step: int | str
+    title: str
+    points: int
+    requires: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Manifest:
+    name: str  # what students and instructors type: `labkit check outbox`
+    package: str  # the lab's dotted package, e.g. "checks.outbox"
+    folder: Path
+    module_file: str  # the student's module, e.g. "worker.py" (imported as its stem)
+    steps: tuple[Step, ...]
+    checks: str = "lab"  # the package's module that holds LAB
+    probes: tuple[str, ...] = ("probes",)  # child-side modules: the only ones a child can read
+    quiz: str | None = None  # the package's module that holds QUIZ
+    when_done: str = "Every step passed. This notebook has no quiz: go on to the next notebook."
+
+    @property
+    def module_name(self) -> str:
+        return Path(self.module_file).stem
+
+    def module(self, part: str) -> str:
+        """The dotted name of one of the package's modules: `module("probes")`."""
+        return f"{self.package}.{part}"
+
+    def path(self, part: str) -> Path:
+        return self.folder / f"{part}.py"
+
+    def step(self, number: int | str) -> Step:
+        for step in self.steps:
+            if str(step.step) == str(number):
+                return step
+        raise KeyError(number)
+
+
+def read(folder: Path, package: str) -> Manifest:
+    """The manifest in `folder`, the lab package importable as `package`."""
+    with open(folder / "manifest.toml", "rb") as fh:
+        data = tomllib.load(fh)
+    try:
+        steps = tuple(Step(s["step"], s["title"], int(s["points"]), tuple(s.get("requires", ())))
+                      for s in data["steps"])
+        fields = {k: data[k] for k in ("checks", "quiz", "when_done") if k in data}
+        if "probes" in data:
+            fields["probes"] = tuple(data["probes"])
+        return Manifest(data["name"], package, folder, data["module_file"], steps, **fields)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ManifestError(f"{folder / 'manifest.toml'}: {exc!r}") from None
+
+
+@functools.cache
+def manifests() -> dict[str, Manifest]:
+    """Every lab, by name, in the order of their folders (the course's order)."""
+    found: dict[str, Manifest] = {}
+    for path in sorted(CHECKS.glob("*/manifest.toml"), key=_course_order):
+        manifest = read(path.parent, f"checks.{path.parent.name}")
+        found[manifest.name] = manifest
+    return found
+
+
+def _course_order(path: Path) -> tuple[int, str]:
+    with open(path, "rb") as fh:
+        return int(tomllib.load(fh).get("order", 99)), path.parent.name
+
+
+def manifest(lab: str) -> Manifest:
+    """The manifest of lab `lab`; KeyError when the course has no such lab."""
+    return manifests()[lab]
 
 
 def available() -> list[str]:
-    out = []
-    for lab, module in LABS.items():
-        if importlib.util.find_spec(module) is not None:
-            out.append(lab)
-    return out
+    return list(manifests())
 
 
-def load(lab: str) -> LabSpec:
-    if lab not in LABS or lab not in available():
-        raise KeyError(lab)
-    return importlib.import_module(LABS[lab]).LAB
+def load(lab: str):
+    """The lab's checks (a `LabSpec`): imports its checks module, on the judge's side only."""
+    return importlib.import_module(manifest(lab).module(manifest(lab).checks)).LAB
+
+
+def spec(package: str, runs: Mapping[int | str, Callable], contract: tuple = ()):
+    """A lab's `LabSpec` from the manifest beside its checks and its step checks:
+    `LAB = spec(__package__, {1: check_1, ...})`.
+
+    The manifest's steps and `runs` must name the same steps: a check without a step, or a step
+    without a check, is an error when the checks are imported, not a silent gap."""
+    from labkit.judge.run import LabSpec, StepSpec
+
+    lab = read(Path(sys.modules[package].__path__[0]), package)
+    named = {str(s.step) for s in lab.steps}
+    if named != {str(k) for k in runs}:
+        raise ManifestError(f"{lab.name}: the manifest's steps {sorted(named)} and the checks' "
+                            f"{sorted(str(k) for k in runs)} differ")
+    by_name = {str(k): run for k, run in runs.items()}
+    steps = [StepSpec(s.step, s.title, s.points, by_name[str(s.step)], requires=s.requires) for s in lab.steps]
+    # A lab without probes of its own calls its functions through labkit's generic ones.
+    probes = lab.module(lab.probes[0]) if lab.probes else "labkit.probe"
+    return LabSpec(lab.name, lab.module_name, probes, steps, contract=contract)

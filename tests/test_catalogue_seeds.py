@@ -154,16 +154,16 @@ def test_the_reference_passes_under_every_seed(lab, seed):
 
 def test_a_seed_dependent_verdict_is_caught(monkeypatch, tmp_path):
     """A check that tries a category only under some seeds makes this test fail (toy lab)."""
-    import toylab
+    import toylab.lab
 
     toylab.install(monkeypatch, tmp_path, {"float_accepted.py": toylab.wrong(
         "accepts a float", "1.type", "type(n) is not int", "type(n) not in (int, float)")})
-    drawn = [case for case in toylab.CASES if case[0] != "a float"]
+    drawn = [case for case in toylab.lab.CASES if case[0] != "a float"]
 
     def check_half(ctx):  # the float case only when the seed's first draw says so
-        return toylab.check_cases(ctx, toylab.CASES if ctx.rng.random() < 0.5 else drawn)
+        return toylab.lab.check_cases(ctx, toylab.lab.CASES if ctx.rng.random() < 0.5 else drawn)
 
-    monkeypatch.setattr(toylab.LAB.steps[0], "run", check_half)
+    monkeypatch.setattr(toylab.lab.LAB.steps[0], "run", check_half)
     path = tmp_path / "wrong_solutions" / "toy" / "float_accepted.py"
     problem = seed_problem("toy", path)
     assert problem is not None and "fails only under seed" in problem and "a float ('1.type',)" in problem, problem
@@ -171,20 +171,20 @@ def test_a_seed_dependent_verdict_is_caught(monkeypatch, tmp_path):
 
 def test_a_seed_dependent_hang_is_caught_also_after_the_second_run(monkeypatch, tmp_path):
     """A case that hangs only under some seeds is run again, and still fails the test."""
-    import toylab
+    import toylab.lab
 
     monkeypatch.setenv(limits.TIMEOUT_ENV, "2")
     toylab.install(monkeypatch, tmp_path, {"float_hangs.py": toylab.wrong(
         "hangs on a float", "1.type", "    if type(n) is not int:", "    while type(n) is float:\n        pass\n"
         "    if type(n) is not int:")})
-    drawn = [case for case in toylab.CASES if case[0] != "a float"]
+    drawn = [case for case in toylab.lab.CASES if case[0] != "a float"]
     runs = []
 
     def check_half(ctx):
         runs.append(ctx.seed)
-        return toylab.check_cases(ctx, toylab.CASES if ctx.rng.random() < 0.5 else drawn)
+        return toylab.lab.check_cases(ctx, toylab.lab.CASES if ctx.rng.random() < 0.5 else drawn)
 
-    monkeypatch.setattr(toylab.LAB.steps[0], "run", check_half)
+    monkeypatch.setattr(toylab.lab.LAB.steps[0], "run", check_half)
     problem = seed_problem("toy", tmp_path / "wrong_solutions" / "toy" / "float_hangs.py")
     assert problem is not None and "[timed_out]" in problem, problem
     assert len(runs) > len(SEEDS), "the timed-out seeds were not run a second time"
@@ -192,7 +192,7 @@ def test_a_seed_dependent_hang_is_caught_also_after_the_second_run(monkeypatch, 
 
 def test_a_child_that_ran_out_of_time_once_is_run_again(monkeypatch, tmp_path):
     """The machine, not the seed: seed 2's first run gets no time at all; its second run decides."""
-    import toylab
+    import toylab.lab
 
     toylab.install(monkeypatch, tmp_path, {"float_accepted.py": toylab.wrong(
         "accepts a float", "1.type", "type(n) is not int", "type(n) not in (int, float)")})
@@ -202,8 +202,8 @@ def test_a_child_that_ran_out_of_time_once_is_run_again(monkeypatch, tmp_path):
         if ctx.seed == SEEDS[1] and not starved:
             starved.append(ctx.seed)
             ctx.timeout = 0.001  # what a child sees on a machine too busy to start it in time
-        return toylab.check_half(ctx)
+        return toylab.lab.check_half(ctx)
 
-    monkeypatch.setattr(toylab.LAB.steps[0], "run", check_half)
+    monkeypatch.setattr(toylab.lab.LAB.steps[0], "run", check_half)
     assert seed_problem("toy", tmp_path / "wrong_solutions" / "toy" / "float_accepted.py") is None
     assert starved == [SEEDS[1]]

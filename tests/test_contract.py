@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import toylab
+import toylab.lab
 from catalogue import promise, step_verdicts, verdict
 
 from labkit import labs
@@ -103,17 +103,17 @@ def test_the_toy_lab_meets_every_rule(toy):
 
 
 def test_an_untagged_or_undeclared_tag_is_a_problem(toy, monkeypatch):
-    cases = list(toylab.CASES)
+    cases = list(toylab.lab.CASES)
     cases[0] = (*cases[0][:3], ())
     cases[2] = (*cases[2][:3], ("1.rnage",))
-    monkeypatch.setattr(toylab, "CASES", cases)
+    monkeypatch.setattr(toylab.lab, "CASES", cases)
     problems = coverage.tag_problems(labs.load("toy"), verdict("toy", coverage.reference("toy"), seed=7))
     assert problems == ["step 1, case 'a plain int': tagged with no clause",
                         "step 1, case 'the top of the range, 10': tagged 1.rnage, which the contract does not declare"]
 
 
 def test_a_clause_without_a_case_is_reported(toy, monkeypatch):
-    monkeypatch.setattr(toylab, "CASES", [c for c in toylab.CASES if "1.type" not in c[3]])
+    monkeypatch.setattr(toylab.lab, "CASES", [c for c in toylab.lab.CASES if "1.type" not in c[3]])
     reference = verdict("toy", coverage.reference("toy"), seed=8)
     assert coverage.clauses_without_case(labs.load("toy"), reference) == ["1.type"]
     assert "| `1.type` | n is an int, never a bool; anything else is ValueError | **none** |" in \
@@ -122,7 +122,7 @@ def test_a_clause_without_a_case_is_reported(toy, monkeypatch):
 
 def test_a_clause_whose_wrong_solution_is_caught_under_another_clause_is_not_covered(toy, monkeypatch):
     """rounds_up names 1.result; if the only failing case were tagged 1.range, it would prove nothing."""
-    monkeypatch.setattr(toylab, "CASES", [(*c[:3], ("1.range",)) if "1.result" in c[3] else c for c in toylab.CASES])
+    monkeypatch.setattr(toylab.lab, "CASES", [(*c[:3], ("1.range",)) if "1.result" in c[3] else c for c in toylab.lab.CASES])
     assert caught_by("toy", "1.result") == (["rounds_up.py"], [])
 
 

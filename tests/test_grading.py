@@ -854,7 +854,7 @@ def test_a_kernel_that_fails_to_start_gets_one_fresh_try(tmp_path, monkeypatch, 
     nb.cells = [nbformat.v4.new_code_cell("print('ran')")]
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     uid = sandbox.uid() + 1 if sandbox.support().ok else None
-    kernel = KernelBox(tmp_path / "kernel", "outbox", Limits(), f"test-{uuid.uuid4().hex}", uid, work=tmp_path)
+    kernel = KernelBox(tmp_path / "kernel", "outbox", Limits(), f"test-{uuid.uuid4().hex}", uid)
     try:
         result = execute_mod.execute(nb, kernel, Limits())
     finally:

@@ -390,7 +390,7 @@ def test_the_kernel_never_inherits_the_workers_stdio_or_other_descriptors(tmp_pa
     nb.cells = [nbformat.v4.new_code_cell(FDS), nbformat.v4.new_code_cell("print('after')")]
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     uid = sandbox.uid() + 30_000 + os.getpid() % 50_000 if sandbox.support().ok else None
-    kernel = KernelBox(tmp_path / "kernel", "outbox", Limits(), f"test-{uuid.uuid4().hex}", uid, work=tmp_path)
+    kernel = KernelBox(tmp_path / "kernel", "outbox", Limits(), f"test-{uuid.uuid4().hex}", uid)
     saved = [os.dup(1), os.dup(2)]
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     record = open(other, "w")  # a file the grader holds open while the kernel runs
@@ -432,7 +432,7 @@ def test_a_cell_that_ignores_the_interrupt_is_killed_after_the_grace_not_a_secon
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     limits = dataclasses.replace(Limits(), cell_timeout=3 * execute.INTERRUPT_GRACE, notebook_timeout=600.0)
     uid = sandbox.uid() + 30_000 + os.getpid() % 50_000 if sandbox.support().ok else None
-    kernel = KernelBox(tmp_path / "kernel", "outbox", limits, f"test-{uuid.uuid4().hex}", uid, work=tmp_path)
+    kernel = KernelBox(tmp_path / "kernel", "outbox", limits, f"test-{uuid.uuid4().hex}", uid)
     run = execute.prepare(nb, set())
     try:
         result = execute.execute(run, kernel, limits)

@@ -132,7 +132,7 @@ def test_a_link_swapped_in_after_the_judge_opened_the_folder_is_never_followed(s
     ({"argv": ["/bin/sh", "-P", "-m", "labkit.probe.main"]}, "only the course's probe"),
     ({"workdir": "/etc"}, "inside the judge's /tmp"),
     ({"workdir": "/tmp/../etc"}, "inside the judge's /tmp"),
-    ({"code_modules": ["checks.oracles.outbox"]}, "only modules of labkit/"),
+    ({"code_modules": ["checks.outbox.oracle"]}, "only modules of labkit/"),
     ({"env": {"A": 1}}, "text to text"),
     ({"fd_env": {"LABKIT_RESULT_FD": 3}}, "fds:"),
     ({"op": "format the disk"}, "unknown request"),

@@ -35,7 +35,7 @@ def _step_one(reference: Path) -> str:
 
 # Every lab (lab 03 too once it lands; not the warm-up), its reference, and where its step 1 code lives.
 LABS = {lab: (ROOT / "solutions" / module, _step_one(ROOT / "solutions" / module))
-        for lab, module in labs.MODULE_FILES.items()
+        for lab, module in ((m.name, m.module_file) for m in labs.manifests().values())
         if lab != "start-here" and lab in labs.available() and (ROOT / "solutions" / module).exists()}
 
 

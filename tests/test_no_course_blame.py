@@ -54,7 +54,7 @@ def test_no_sampled_mutant_is_told_the_course_failed(lab, tmp_path):
     for n, (step, operator, line, source) in enumerate(mutants):
         folder = tmp_path / f"mutant-{n}"
         folder.mkdir()
-        module = folder / labs.MODULE_FILES[lab]
+        module = folder / labs.manifest(lab).module_file
         module.write_text(source)
         faults = course_faults(run_lab(labs.load(lab), module, steps=[step], seed=SEEDS[0]).steps)
         if faults:
@@ -85,7 +85,7 @@ DICT_ROWS = "lambda cur, row: {d[0]: v for d, v in zip(cur.description, row)}"
 @pytest.mark.parametrize("change", ["dict rows", "closed"])
 def test_what_a_student_does_to_the_returned_connection_gets_a_verdict_about_it(lab, change, tmp_path):
     step, names = OPENERS[lab]
-    module = tmp_path / labs.MODULE_FILES[lab]
+    module = tmp_path / labs.manifest(lab).module_file
     wrapped = "".join(
         f"\n_real_{n} = {n}\ndef {n}(*a, **kw):\n    con = _real_{n}(*a, **kw)\n"
         + (f"    con.row_factory = {DICT_ROWS}\n" if change == "dict rows" else "    con.close()\n")

@@ -38,7 +38,7 @@ def raising_first(source: str) -> str:
 
 @pytest.mark.parametrize("lab", LABS)
 def test_no_case_passes_when_every_function_raises_first(lab, tmp_path):
-    module = tmp_path / labs.MODULE_FILES[lab]
+    module = tmp_path / labs.manifest(lab).module_file
     module.write_text(raising_first(coverage.reference(lab).read_text()))
     verdict = run_lab(labs.load(lab), module, seed=1, explain=False)
     passed = [f"step {step.step}: {case.name}" for step in verdict.steps for case in step.cases

@@ -53,7 +53,7 @@ HOSTILE = textwrap.dedent('''
 def test_a_crash_at_the_hook_is_the_judges_kill_whatever_the_module_did(tmp_path):
     module = tmp_path / "worker.py"
     module.write_text(HOSTILE)
-    run, hook = run_to_hook(module, "checks.outbox_probes:crash_dispatch",
+    run, hook = run_to_hook(module, "checks.outbox.probes:crash_dispatch",
                             {"source": str(tmp_path / "none.db"), "url": "http://127.0.0.1:9/events", "kill": True},
                             workdir=tmp_path, timeout=20.0, marker="observe-outside-test", module_name="worker",
                             at_hook=lambda r: r.get("kind") == "hook")

@@ -377,7 +377,7 @@ def _planned(check, step: int, tmp_path) -> tuple[list, dict]:
 def test_each_validate_event_case_makes_as_many_calls_as_its_name_says(tmp_path, monkeypatch):
     import re
 
-    from checks import outbox_validate
+    from checks.outbox import validate as outbox_validate
 
     monkeypatch.setattr(outbox_validate, "_validate_property", lambda ctx, hints: [])
     plans, args = _planned(outbox_validate.check_validate, 1, tmp_path)
@@ -391,7 +391,7 @@ def test_each_validate_event_case_makes_as_many_calls_as_its_name_says(tmp_path,
 
 
 def test_the_replies_step_8_names_by_size_have_that_size():
-    from checks.outbox_send import _ack_text, _padded
+    from checks.outbox.send import _ack_text, _padded
 
     for event_id in ("a", "snack-7", "x" * 64):
         assert len(_padded(1024)(event_id)) == 1024
@@ -405,7 +405,7 @@ def test_every_url_step_8_refuses_is_refused_by_the_reference_for_the_reason_its
     and a URL the table says is fine must pass the reference's check."""
     import importlib.util
 
-    from checks.outbox_inputs import URL_REFUSED
+    from checks.outbox.inputs import URL_REFUSED
 
     spec = importlib.util.spec_from_file_location("reference_worker", REFERENCE)
     worker = importlib.util.module_from_spec(spec)

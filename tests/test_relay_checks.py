@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from catalogue import failures, promise, step_verdicts, touched_definitions, verdict
 
-from checks.relay_contract import CLAUSES
+from checks.relay.contract import CLAUSES
 from labkit import labs
 from labkit.judge.run import LabSpec, run_lab
 from labkit.judge.verdict import Outcome
@@ -265,7 +265,7 @@ def test_hostile_code_gets_a_verdict_about_itself(lab, tmp_path, label):
 
 # --- lies from beside the probe -------------------------------------------------------------
 # "Could another publisher write while send ran / right after the call?" is the judge's own
-# BEGIN IMMEDIATE, tried while the probe waits (checks/relay_witness.py): student code in the
+# BEGIN IMMEDIATE, tried while the probe waits (checks/relay/witness.py): student code in the
 # child can patch the probe's helpers or sqlite3 itself, and that must change nothing.
 
 HOLDS_THE_LOCK_DURING_SEND = """

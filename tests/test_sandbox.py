@@ -164,7 +164,7 @@ def inside(tmp_path_factory):
     neighbour_proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     targets = {
         "read": {"solutions/": str(SOLUTION), "notebooks/source/": str(ROOT / "notebooks/source/01-outbox.md"),
-                 "the judge-side checks": str(ROOT / "checks/outbox.py"),
+                 "the judge-side checks": str(ROOT / "checks/outbox/lab.py"),
                  "another submission": str(other / "01-outbox.ipynb"),
                  "--out's results": str(out / "victim--outbox.json"),
                  "another step's folder": str(neighbour / "source.db"),
@@ -435,7 +435,7 @@ def test_the_policy_never_binds_what_student_code_must_not_see():
     profiles.compile_course()
     policy = profiles.child(sandbox.uid(), module=MODULE, workdir=Path(tempfile.gettempdir()))
     seen = [str(p) for p in (*policy.read_only, *policy.writable, *(dest for _, dest in policy.mapped))]
-    for secret in ("solutions", "notebooks", "checks/outbox.py", "checks/vending.py", "tests"):
+    for secret in ("solutions", "notebooks", "checks/outbox/lab.py", "checks/vending/lab.py", "tests"):
         assert not any(s == str(ROOT / secret) or s.startswith(str(ROOT / secret) + "/") for s in seen), secret
     assert str(MODULE) in seen
     compiled = [Path(s) for s in seen if s.endswith(".pyc")]

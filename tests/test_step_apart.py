@@ -12,17 +12,18 @@ import random
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import toylab.lab
+
 from labkit.judge.run import LabSpec, StepSpec, run_lab
 from labkit.judge.verdict import Case, Outcome
-from tests import toylab
 
 
 def _two_children(ctx, seen: list) -> list[Case]:
     """The toy's calls in two children side by side, one in a folder apart; records what each saw."""
     beside = ctx.apart("beside")
     with ThreadPoolExecutor(2) as pool:
-        other = pool.submit(toylab.check_cases, beside, toylab.CASES[:1])
-        mine = toylab.check_cases(ctx, toylab.CASES[1:2])
+        other = pool.submit(toylab.lab.check_cases, beside, toylab.lab.CASES[:1])
+        mine = toylab.lab.check_cases(ctx, toylab.lab.CASES[1:2])
         seen.append({"main": ctx.workdir, "beside": beside.workdir, "draws": [beside.rng.random() for _ in range(3)],
                      "main_draw": ctx.rng.random(), "beside_exists": beside.workdir.is_dir()})
         return mine + other.result()
@@ -30,7 +31,7 @@ def _two_children(ctx, seen: list) -> list[Case]:
 
 def _lab(seen: list) -> LabSpec:
     return LabSpec("toy", "toy", "labkit.probe", [StepSpec(1, "half", 1, lambda ctx: _two_children(ctx, seen))],
-                   contract=toylab.CLAUSES)
+                   contract=toylab.lab.CLAUSES)
 
 
 def test_a_child_apart_has_its_own_folder_and_stream_and_both_are_cleaned_up(tmp_path, nothing_left):

@@ -20,8 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from checks import outbox_db as db
-from labkit.judge import step_files, stores
+from checks.outbox import db
+from checks.outbox import schema as stores
+from labkit.judge import step_files
 
 ROOT = Path(__file__).resolve().parents[1]
 ORACLE = ROOT / "checks" / "oracles" / "outbox.py"

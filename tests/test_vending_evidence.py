@@ -25,7 +25,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from checks import vending
-from checks.oracles import vending as oracle
+from checks.vending import oracle
 from labkit import labs
 from labkit.judge import reaper
 from labkit.judge.child import run_child
@@ -188,7 +188,7 @@ def test_a_connection_opened_behind_the_probes_back_is_still_seen_left_open(lab,
     assert "the judge saw the process still holding the file" in case.got and case.clauses == ("2.init-failure",)
 
 
-CHEAT = '''import checks.vending_probes as _probes
+CHEAT = '''import checks.vending.probes as _probes
 
 _probes.peek = lambda db: {"last": 10**9, "total": 0, "ledger": []}  # "everything is always committed"
 '''
@@ -207,7 +207,7 @@ def test_an_ack_before_the_commit_is_caught_by_the_feed_even_when_the_child_is_f
     assert case.clauses == ("6.hook-before-ack",)
 
 
-BLIND = '''import checks.vending_probes as _probes
+BLIND = '''import checks.vending.probes as _probes
 
 _probes._inside = lambda con: None  # "nothing to see inside": the order check is skipped
 '''

@@ -135,7 +135,7 @@ def examine_contained(sub: submissions.Submission, known: dict, lab_names: list[
     try:
         nb = submissions.examine(sub, known, lab_names)
         if nb is not None and sub.lab:
-            sub.revealed = reveals.read(sub.path, sub.lab, nb, [str(s.step) for s in labs.load(sub.lab).steps])
+            sub.revealed = reveals.read(sub.path, sub.lab, nb, [str(s.step) for s in labs.manifest(sub.lab).steps])
             answers.read(sub.path, sub.lab)  # the worker reads it again; a damaged file is refused here
     except bounded.Refused as exc:
         sub.problem, sub.revealed = str(exc), []

@@ -96,55 +96,19 @@ def kernel_env(home: str, marker: str) -> dict[str, str]:
     }
 
 
-OUTLINE = '''"""Lab {name!r} as a grading kernel may know it: its steps, titles and points. No checks.
-
-The real checks module is the judge's and is not visible here; the notebook's progress bar
-only needs the outline.
-"""
-
-from labkit.judge.run import LabSpec, StepSpec
-
-
-def _not_here(ctx):
-    raise RuntimeError("the checks run in the judge, not in this kernel")
-
-
-LAB = LabSpec({name!r}, {module_name!r}, {probes!r}, [
-{steps}])
-'''
-
-
-def lab_outline(lab: str, target: Path) -> Path:
-    """A stand-in for `checks/<lab>.py` with the lab's steps and nothing the judge uses."""
-    from labkit import labs
-
-    spec = labs.load(lab)
-    steps = "".join(f"    StepSpec({s.step!r}, {s.title!r}, {s.points!r}, _not_here, requires={tuple(s.requires)!r}),\n"
-                    for s in spec.steps)
-    target.write_text(OUTLINE.format(name=spec.name, module_name=spec.module_name, probes=spec.probes,
-                                     steps=steps), encoding="utf-8")
-    target.chmod(0o644)
-    return target
-
-
 class KernelBox:
     """One submission's kernels (a fresh one per start attempt) and their sandboxes."""
 
     def __init__(self, sockets: Path, lab: str, limits: Limits, marker: str, uid: int | None,
-                 shown: dict[Path, str] | None = None, *, work: Path):
-        """`sockets`: the kernel's own folder (settings.socket_folder); `work`: the job's, for the
-        files the kernel is shown."""
+                 shown: dict[Path, str] | None = None):
+        """`sockets`: the kernel's own folder (settings.socket_folder); `shown`: host files shown
+        read-only in its home. The kernel reads the labs' manifests, never their checks."""
         self.sockets, self.lab, self.limits, self.marker = sockets, lab, limits, marker
         self.uid, self.shown = uid, dict(shown or {})
         self.boxes: list = []
         self.drains: list[Drain] = []
         sockets.mkdir(parents=True, exist_ok=True)
         sockets.chmod(0o700)
-        if self.sandboxed:
-            from labkit.labs import LABS
-
-            outline = lab_outline(lab, work / "lab-outline.py")
-            self.shown[outline] = str(profiles.ROOT / (LABS[lab].replace(".", "/") + ".py"))
 
     @property
     def sandboxed(self) -> bool:
@@ -157,7 +121,7 @@ class KernelBox:
         """A box for the next kernel start."""
         if not self.sandboxed:
             Path(self.home()).mkdir(exist_ok=True)
-            for host, inside in self.shown.items():  # (no outline: it sees the real checks)
+            for host, inside in self.shown.items():
                 target = Path(self.home()) / Path(inside).relative_to(HOME)
                 target.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(host, target)

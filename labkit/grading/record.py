@@ -30,8 +30,8 @@ def page_path(out: Path, student: str, name: str) -> Path:
 def steps_of(verdict: LabVerdict | None, lab: str) -> tuple[dict[str, int], int]:
     if verdict is not None:
         return {str(s.step): s.points for s in verdict.steps}, verdict.max_score
-    spec = labs.load(lab)
-    return {str(s.step): 0 for s in spec.steps}, sum(s.points for s in spec.steps)
+    steps = labs.manifest(lab).steps
+    return {str(s.step): 0 for s in steps}, sum(s.points for s in steps)
 
 
 def finish(job: dict, *, status: str, message: str, flags: list[str], verdict: LabVerdict | None,

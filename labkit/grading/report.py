@@ -271,7 +271,7 @@ def build(out: Path) -> ClassReport:
         lab = record["row"]["lab"]
         if lab in known and record["row"].get("status") != "malformed":
             by_lab.setdefault(lab, []).append(record)
-    order = {lab: i for i, lab in enumerate(labs.LABS)}
+    order = {lab: i for i, lab in enumerate(labs.available())}
     return ClassReport(
         labs=[_lab_stats(lab, by_lab[lab], names) for lab in sorted(by_lab, key=lambda lab: order.get(lab, 99))],
         rows=len(rows),

@@ -111,7 +111,7 @@ def grade(job: dict) -> dict:
             return record.malformed(job, f"The grader could not read this submission ({bounded.describe(exc)}).")
         flags = list(job.get("flags", [])) + restored.flags
 
-        module = judge_dir / labs.MODULE_FILES[job["lab"]]
+        module = judge_dir / labs.manifest(job["lab"]).module_file
         module.write_text(code, encoding="utf-8")
         module.chmod(0o644)
         box: dict = {}
@@ -121,8 +121,7 @@ def grade(job: dict) -> dict:
         skip = {c.get("id") for c in restored.nb.cells
                 if check_step(c) is not None and c.get("id") in restored.released_ids}
         executed = prepare(restored.nb, skip)
-        kernel = KernelBox(sockets, job["lab"], limits, marker, job.get("uid"), _shown_quiz(job, raw_quiz, work),
-                           work=work)
+        kernel = KernelBox(sockets, job["lab"], limits, marker, job.get("uid"), _shown_quiz(job, raw_quiz, work))
         execution = execute(executed, kernel, limits)
         kernel.close()
         executed_at = time.monotonic()

@@ -48,7 +48,7 @@ def contract_labs() -> list[str]:
 
 
 def reference(lab: str) -> Path:
-    return ROOT / "solutions" / labs.MODULE_FILES[lab]
+    return ROOT / "solutions" / labs.manifest(lab).module_file
 
 
 def catalogue(lab: str) -> dict[str, dict[str, str] | None]:

@@ -9,7 +9,7 @@ and `clauses` come from the lab's `clause_of(*shrunk_args)`. Agreement on every 
 one passing case tagged with `clauses`.
 
     from hypothesis import strategies as st          # inside the check: the import costs ~0.2 s
-    from checks.oracles.vending import parse_line as oracle
+    from checks.vending.oracle import parse_line as oracle
     from labkit.judge.differential import differential
 
     def check_parse(ctx):
@@ -138,7 +138,7 @@ def differential(
     `oracle(*args)` returns or raises what the contract says. `clause_of(*args)` returns
     `(clause_id, hint)`: the clause an input belongs to and the hint for a student who got it
     wrong. `clauses` tags the passing case (every clause the strategy reaches). `adapter`
-    ("checks.<lab>_probes:function") is called in the child as `adapter(student_fn, *args)`.
+    ("checks.<lab>.probes:function") is called in the child as `adapter(student_fn, *args)`.
     `show_call(*args)` writes the `called` line (default `fn(arg, ...)`). `unchanged` names
     the clause broken by a call that modifies its arguments (None: not checked).
     Returns one Case.

@@ -8,7 +8,7 @@ student's code cannot replace that death (a patched `os._exit`, a caught SystemE
 or signal handler, a `setsid` helper: none of them runs or survives), and the judge reads the
 files only after nothing of the sandbox runs any more.
 
-    run, hook = run_to_hook(ctx.solution, "checks.outbox_probes:crash_dispatch", args,
+    run, hook = run_to_hook(ctx.solution, "checks.outbox.probes:crash_dispatch", args,
                             workdir=ctx.workdir, timeout=ctx.timeout, marker=ctx.marker(),
                             module_name="worker", at_hook=lambda r: r.get("kind") == "hook")
     run.exit_code == KILLED_AT_HOOK  # when hook is not None

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import nbformat
 
-from labkit.labs import MODULE_FILES
+from labkit import labs
 from labkit.notebook import rules
 from labkit.notebook.module_export import HEADER, MAGIC, assemble
 
@@ -121,7 +121,7 @@ def student_notebook(lesson: Lesson) -> nbformat.NotebookNode:
     points = {str(s.step): s.points for s in spec.steps}
     nb = nbformat.v4.new_notebook()
     nb.metadata = {"kernelspec": KERNELSPEC, "language_info": {"name": "python"},
-                   "labkit": {"lab": lesson.lab, "module": MODULE_FILES[lesson.lab], "format": 1}}
+                   "labkit": {"lab": lesson.lab, "module": labs.manifest(lesson.lab).module_file, "format": 1}}
     for index, block in enumerate(lesson.blocks):
         gid = f"{lesson.lab}-{block.kind}-{block.arg or index}"
         if (block.kind == "step" or block.kind == "check" and block.arg == "final") and \
@@ -169,7 +169,7 @@ def outputs() -> dict[Path, str]:
     for source in sorted(SOURCES.glob("*.md")):
         lesson = parse(source)
         files[ROOT / "notebooks" / f"{source.stem}.ipynb"] = nbformat.writes(student_notebook(lesson)) + "\n"
-        files[ROOT / "solutions" / MODULE_FILES[lesson.lab]] = reference_module(lesson)
+        files[ROOT / "solutions" / labs.manifest(lesson.lab).module_file] = reference_module(lesson)
     return files
 
 

@@ -18,8 +18,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from labkit import labs
 from labkit.judge.verdict import Case, LabVerdict, Outcome, StepVerdict, from_json
-from labkit.labs import MODULE_FILES
 from labkit.notebook import module_export, step_cell
 
 CHECK_TIMEOUT = 180.0  # the judge bounds each step itself; this only guards the guard
@@ -60,7 +60,7 @@ class Lab:
 
     def __init__(self, name: str, workdir: str | os.PathLike = "work", *, show: bool = True) -> None:
         self.name = name
-        self.module_file = MODULE_FILES[name]
+        self.module_file = labs.manifest(name).module_file
         self.workdir = Path(workdir).resolve()
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.parts = module_export.lab_parts(name)
@@ -116,11 +116,9 @@ class Lab:
     def _not_run_yet(self, step: str, saved: dict[str, str]) -> LabVerdict | None:
         """A check before its step cell (or before the provided-code cell) has nothing to judge:
         a grey verdict that names the cell to run, without starting the judge."""
-        from labkit.labs import load
-
         if not step.isdigit() or (step in saved and module_export.HEADER in saved):
             return None
-        spec = load(self.name).step(step)
+        spec = labs.manifest(self.name).step(step)
         if step in saved:  # the step ran, but the module's head (imports, exceptions) never did
             cell = "the provided-code cell (`%%step header`) near the top"
         else:
@@ -130,11 +128,10 @@ class Lab:
         return LabVerdict(self.name, seed=0, steps=[StepVerdict(spec.step, spec.title, spec.points, [case])])
 
     def check(self, step: str | int):
-        from labkit.labs import load
         from labkit.notebook import progress
         from labkit.views import display
 
-        known = [str(s.step) for s in load(self.name).steps]
+        known = [str(s.step) for s in labs.manifest(self.name).steps]
         if str(step) not in known:
             display.show_next(f"Lab {self.name} has no step {step!r}; its checks are {', '.join(known)}.")
             return None

@@ -10,13 +10,12 @@ name the right one, so a second try is still a question.
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import json
 import time
 from html import escape
 from pathlib import Path
 
-from labkit.labs import LABS
+from labkit import labs
 from labkit.notebook.module_export import write_atomic
 
 LETTERS = "abcdefgh"
@@ -28,10 +27,10 @@ class QuizError(ValueError):
 
 def load(lab: str) -> list[dict]:
     """The lab's questions, or [] when the lab has no quiz module."""
-    name = f"{LABS[lab]}_quiz"
-    if importlib.util.find_spec(name) is None:
+    manifest = labs.manifest(lab)
+    if manifest.quiz is None:
         return []
-    questions = importlib.import_module(name).QUIZ
+    questions = importlib.import_module(manifest.module(manifest.quiz)).QUIZ
     for q in questions:
         assert q["id"] and q["question"] and q["options"], q
         assert sum(1 for o in q["options"] if o["correct"]) == 1, f"{q['id']}: exactly one correct option"

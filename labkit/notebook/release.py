@@ -13,7 +13,7 @@ Students install it in place (`pip install -e .` in the unzipped folder, as a cl
 course's notebooks and the workspace live beside each other exactly as in a clone.
 
 What the student edition holds, honestly: the judge runs on the student's laptop, so its code
-ships (`checks/`, with the quiz's answer key and `checks/oracles/`, the judge's own independent
+ships (`checks/`, with the quiz's answer key and each lab's `oracle.py`, the judge's own independent
 re-implementations of a few pure functions it compares the student's with). `lab.reveal(N)`
 shows nothing there: a reference shipped in any form (obfuscated, encrypted with a key in the
 same folder) could be read without the reveal being recorded, so none ships.

@@ -190,7 +190,7 @@ def serve(module: ModuleType, args: dict) -> None:
     """Persistent probe (`labkit.judge.child.child_session`): answer call requests one at a time.
 
     Reads JSON lines from the private request pipe (LABKIT_REQUEST_FD) until the judge closes
-    it: `{"id": n, "fn": "parse_line", "args": [<encoded>...], "adapter": "checks.x_probes:f"}`.
+    it: `{"id": n, "fn": "parse_line", "args": [<encoded>...], "adapter": "checks.<lab>.probes:f"}`.
     Replies `{"event": "reply", "id": n, "outcome": <as call()>, "observed": <as call_observed(),
     plus "cpu": the CPU seconds the call used, "wall": its seconds on the clock>}`.
     Without an adapter it calls `module.fn(*args)`; with one it calls `adapter(fn, *args)`, so
@@ -275,7 +275,7 @@ def pragma(con: sqlite3.Connection, name: str) -> Any:
 
 
 def see(url: str, case: str, point: str, **said) -> dict:
-    """Ask the judge's witness (`checks/outbox_witness.py`) to look now, and wait for its answer
+    """Ask the judge's witness (`labkit/judge/witness.py`) to look now, and wait for its answer
     ({} or what it says; {"witness_error": ...} when it could not be reached).
 
     Where a rule is about state at a moment only the child can time (can another connection

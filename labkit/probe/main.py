@@ -1,7 +1,7 @@
 """Entry point of a child process: import the student's module, run one probe, report.
 
 `python -m labkit.probe.main` reads a JSON request on stdin:
-{"module": "/path/worker.py", "module_name": "worker", "probe": "checks.outbox_probes:step_1",
+{"module": "/path/worker.py", "module_name": "worker", "probe": "checks.outbox.probes:step_1",
  "args": {...}} and writes JSON lines to the fd named by LABKIT_RESULT_FD. Its stdout and
 stderr belong to the student; the judge never parses them.
 """

@@ -11,8 +11,8 @@ What each one sees is listed here and nowhere else:
   labkit, checks and the module read-only, cgroups writable, a private size-capped tmpfs for
   every step's files, and a network namespace of its own that no other job can reach.
 
-Never visible to student code: solutions/, notebooks/, the judge-side checks (`checks/<lab>.py`,
-`checks/<lab>_contract.py`, `checks/oracles/`), other submissions, the grader's --out, its
+Never visible to student code: solutions/, notebooks/, the judge-side checks (every module of
+`checks/<lab>/` but its probes, e.g. `lab.py`, `contract.py`, `oracle.py`), other submissions, the grader's --out, its
 home directory, other processes.
 """
 
@@ -74,8 +74,26 @@ def _code(relative: tuple[str, ...] | list[str]) -> list[Path]:
 
 
 def _probe_modules() -> list[Path]:
-    """Every lab's child-side probes (`checks/<lab>_probes.py`); never the judge-side checks."""
-    return _with_bytecode(sorted((ROOT / "checks").glob("*_probes.py")))
+    """Every lab's child-side probes (its manifest's `probes`, with the package's `__init__`);
+    never the judge-side checks."""
+    from labkit import labs
+
+    found = []
+    for lab in labs.manifests().values():
+        found += [lab.folder / "__init__.py", *(lab.path(part) for part in lab.probes)]
+    return _with_bytecode(found)
+
+
+def _manifests_and_quiz(lab: str) -> list[Path]:
+    """What a grading kernel reads of the course's labs: every manifest (data: steps, titles,
+    points) and its own lab's quiz module; never a lab's checks."""
+    from labkit import labs
+
+    found = [path for m in labs.manifests().values() for path in (m.folder / "manifest.toml", m.folder / "__init__.py")]
+    manifest = labs.manifests().get(lab)
+    if manifest is not None and manifest.quiz:
+        found.append(manifest.path(manifest.quiz))
+    return found
 
 
 def _with_bytecode(paths: list[Path]) -> list[Path]:
@@ -140,12 +158,10 @@ def kernel(uid: int, *, home: str, sockets: Path, lab: str, shown: dict[Path, st
 
     `shown`: host files shown read-only inside its home (e.g. the student's quiz answers).
     """
-    from labkit.labs import LABS
-
-    quiz = [LABS[lab].replace(".", "/") + "_quiz.py"] if lab in LABS else []
     return Policy(
         uid=uid, gid=uid,
-        read_only=tuple(dict.fromkeys([*runtime(), *_code(["labkit", "checks/__init__.py", *quiz])])),
+        read_only=tuple(dict.fromkeys([*runtime(), *_code(["labkit", "checks/__init__.py"]),
+                                       *_with_bytecode(_manifests_and_quiz(lab))])),
         writable=(Path(sockets),),
         mapped=tuple(shown.items()),
         cwd=Path(home),

@@ -19,7 +19,7 @@ The rule:
    writes these only for order it observed or that a sequence number proves, never for order
    it merely expects of correct code: an outbox's audit entries follow one another by their
    number `n` (one file, one writer at a time), and a POST precedes every audit entry the
-   warehouse found not yet written when the POST arrived (`checks/relay_final.py`). A
+   warehouse found not yet written when the POST arrived (`checks/relay/final.py`). A
    publisher that really marks before it sends is drawn that way.
 2. **A process's own lane**: its `start` first, its end (`exit`, or a kill) last.
 3. **A restart follows the process it replaces**: `"<role> #2"` starts after `"<role> #1"`

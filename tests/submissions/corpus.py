@@ -263,12 +263,12 @@ def deserved(entry: Entry, reference_points: dict[str, int]) -> dict[str, int]:
 
 def default_sources(root: Path, lab: str = "outbox") -> tuple[NotebookNode, str] | None:
     """The real release of `lab` and its reference module, if they exist."""
-    from labkit.labs import MODULE_FILES
+    from labkit.labs import manifest
 
     for path in sorted((root / "notebooks").glob("*.ipynb")):
         nb = nbformat.read(path, as_version=4)
         if nb.metadata.get("labkit", {}).get("lab") == lab:
-            reference = root / "solutions" / MODULE_FILES[lab]
+            reference = root / "solutions" / manifest(lab).module_file
             if reference.exists() and LABEL.search(reference.read_text()):
                 return nb, reference.read_text()
     return None

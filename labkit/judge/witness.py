@@ -1,0 +1,202 @@
+"""The judge's own eyes at the moments a rule is about, while a child runs the student's code.
+
+A child's report is evidence about return values only: student code runs in the same
+process as the probe and could patch it. So where a verdict rests on *state* — can another
+connection write right now, is this row already marked, did the client close its socket —
+the probe makes a real HTTP request to this endpoint at that moment ("after this call",
+"inside send", "inside after_delivery"), and the handler, in the judge's process, looks for
+itself: with its own SQLite connections, its own servers' records. What it saw is kept as a
+`Sighting`; what the child said is kept beside it, labelled as the child's.
+
+A student who patches the probe's request away simply leaves no sighting, and the case fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import socketserver
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+MAX_REQUEST = 256 * 1024  # a sighting's request body (an encoded event, at most)
+HANDLER_TIMEOUT = 5.0  # a child that stalls mid-request cannot hold a handler thread
+JOIN_SECONDS = 1.0
+
+# look(case, point, said) -> (what the judge saw, the answer the child gets)
+Look = Callable[[str, str, dict], tuple[dict, dict]]
+_asking = threading.local()  # (child's address, ours) of the connection this handler thread serves
+
+
+@dataclass
+class Sighting:
+    case: str
+    point: str  # "after" a call, "send", "hook"
+    t: float
+    said: dict  # what the child sent along (its claim: values only)
+    saw: dict  # what the judge observed itself
+
+
+@dataclass
+class Witness:
+    """A loopback endpoint in the judge's process; `look` decides what to observe and answer."""
+
+    look: Look
+    url: str = ""
+    _sightings: list[Sighting] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _server: HTTPServer | None = None
+    _thread: threading.Thread | None = None
+
+    def start(self) -> Witness:
+        witness = self
+
+        class Handler(BaseHTTPRequestHandler):
+            timeout = HANDLER_TIMEOUT
+
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                try:
+                    length = int(self.headers.get("Content-Length") or 0)
+                    said = json.loads(self.rfile.read(min(max(length, 0), MAX_REQUEST)) or b"{}")
+                    case, point = str(said.get("case", "")), str(said.get("point", ""))
+                except (ValueError, OSError):
+                    self._answer(400, {"error": "bad sighting"})
+                    return
+                _asking.ends = (self.client_address, self.server.server_address)
+                try:
+                    saw, answer = witness.look(case, point, said)
+                except Exception as exc:  # a judge-side look that fails must still answer the child
+                    saw, answer = {"look_error": f"{type(exc).__name__}: {exc}"}, {}
+                with witness._lock:
+                    witness._sightings.append(Sighting(case, point, time.time(), said, saw))
+                self._answer(200, answer)
+
+            def _answer(self, status: int, payload: dict) -> None:
+                body = json.dumps(payload).encode()
+                try:
+                    self.send_response(status)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                except OSError:
+                    pass
+
+        class Server(socketserver.ThreadingMixIn, HTTPServer):
+            daemon_threads = True
+
+            def server_bind(self):  # no getfqdn() lookup
+                socketserver.TCPServer.server_bind(self)
+                self.server_name, self.server_port = self.server_address[:2]
+
+            def handle_error(self, request, client_address):
+                pass
+
+        self._server = Server(("127.0.0.1", 0), Handler)
+        self._server.timeout = 0.05
+        self.url = f"http://127.0.0.1:{self._server.server_port}/see"
+        self._thread = threading.Thread(target=self._serve, name="judge-witness", daemon=True)
+        self._thread.start()
+        return self
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._server.handle_request()
+            except OSError:
+                break
+
+    def sightings(self, case: str | None = None, point: str | None = None) -> list[Sighting]:
+        with self._lock:
+            return [s for s in self._sightings
+                    if (case is None or s.case == case) and (point is None or s.point == point)]
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(JOIN_SECONDS)
+        if self._server is not None:
+            self._server.server_close()
+
+    def __enter__(self) -> Witness:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def asker_holds(path) -> int | None:
+    """Inside a `look`: how many descriptors the process asking for this sighting holds open on
+    the file at `path`, as the kernel lists them (/proc), or None where the judge cannot see them.
+
+    The asker is found from the connection it made: its socket's inode in /proc/net/tcp (the
+    child shares the judge's network), then the process holding that socket."""
+    ends = getattr(_asking, "ends", None)
+    try:
+        target = os.stat(path)
+    except OSError:
+        return None
+    pid = _socket_owner(*ends) if ends else None
+    if pid is None:
+        return None
+    held = 0
+    try:
+        names = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return None
+    for fd in names:
+        try:
+            st = os.stat(f"/proc/{pid}/fd/{fd}")  # the open file itself, in whatever mount namespace
+        except OSError:
+            continue
+        held += (st.st_dev, st.st_ino) == (target.st_dev, target.st_ino)
+    return held
+
+
+def _socket_owner(local: tuple, remote: tuple) -> int | None:
+    """The pid holding the IPv4 TCP socket connected from `local` to `remote`."""
+
+    def hexed(address: tuple) -> str:
+        return socket.inet_aton(address[0])[::-1].hex().upper() + f":{address[1]:04X}"
+
+    try:
+        ends = (hexed(local), hexed(remote))
+        with open("/proc/net/tcp") as table:
+            rows = [line.split() for line in table.readlines()[1:]]
+    except (OSError, ValueError):
+        return None
+    inodes = {row[9] for row in rows if len(row) > 9 and (row[1], row[2]) == ends and row[9] != "0"}
+    if len(inodes) != 1:
+        return None
+    wanted = f"socket:[{inodes.pop()}]"
+    me = os.getpid()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        try:
+            fds = os.listdir(f"/proc/{entry}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(f"/proc/{entry}/fd/{fd}") == wanted:
+                    return int(entry)
+            except OSError:
+                continue
+    return None
+
+
+def free_port_refusing() -> tuple[socket.socket, int]:
+    """A port bound but never listening: connecting to it is refused, and no other server can
+    take it while the socket is held (a closed port could be reused by the next server)."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    return sock, sock.getsockname()[1]
