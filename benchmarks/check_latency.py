@@ -22,10 +22,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from labkit import labs  # noqa: E402
-from labkit.judge import reaper  # noqa: E402
 from labkit.judge.child import run_child  # noqa: E402
 from labkit.judge.run import LabSpec, run_lab  # noqa: E402
 from labkit.limits import step_timeout  # noqa: E402
+from labkit.sandbox import reaper  # noqa: E402
 
 
 def reference(lab: str) -> Path:

@@ -25,7 +25,7 @@ def parser() -> argparse.ArgumentParser:
     top = _Parser(prog="python -m labkit", description="Delivered Twice, Applied Once — the judge.")
     sub = top.add_subparsers(dest="command", required=True, parser_class=_Parser)
     check = sub.add_parser("check", help="run a lab's checks against a student's module")
-    check.add_argument("lab", help="outbox, vending or start-here")
+    check.add_argument("lab", help=f"one of: {', '.join(labs.available())}")
     check.add_argument("--solution", required=True, type=Path, help="the student's module file")
     check.add_argument("--step", action="append", help="only this step (a number or 'final'); repeatable")
     check.add_argument("--seed", type=int, help="seed for the randomised cases (printed)")

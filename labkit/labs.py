@@ -4,16 +4,15 @@ A manifest is data only, read without importing anything: the lab's name, the st
 file, its steps (number, title, points, the steps each builds on), the package's modules that
 hold the checks, the child-side probes and the quiz. The kernel, the grader and the sandbox's
 policies read manifests; only the judge imports a lab's checks (`load`), and the checks take
-their step table from the manifest (`spec`), so a title or a point is written once.
+their step table from the manifest (`labkit.judge.run.lab_spec`), so a title or a point is
+written once.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
-import sys
 import tomllib
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -104,23 +103,3 @@ def available() -> list[str]:
 def load(lab: str):
     """The lab's checks (a `LabSpec`): imports its checks module, on the judge's side only."""
     return importlib.import_module(manifest(lab).module(manifest(lab).checks)).LAB
-
-
-def spec(package: str, runs: Mapping[int | str, Callable], contract: tuple = ()):
-    """A lab's `LabSpec` from the manifest beside its checks and its step checks:
-    `LAB = spec(__package__, {1: check_1, ...})`.
-
-    The manifest's steps and `runs` must name the same steps: a check without a step, or a step
-    without a check, is an error when the checks are imported, not a silent gap."""
-    from labkit.judge.run import LabSpec, StepSpec
-
-    lab = read(Path(sys.modules[package].__path__[0]), package)
-    named = {str(s.step) for s in lab.steps}
-    if named != {str(k) for k in runs}:
-        raise ManifestError(f"{lab.name}: the manifest's steps {sorted(named)} and the checks' "
-                            f"{sorted(str(k) for k in runs)} differ")
-    by_name = {str(k): run for k, run in runs.items()}
-    steps = [StepSpec(s.step, s.title, s.points, by_name[str(s.step)], requires=s.requires) for s in lab.steps]
-    # A lab without probes of its own calls its functions through labkit's generic ones.
-    probes = lab.module(lab.probes[0]) if lab.probes else "labkit.probe"
-    return LabSpec(lab.name, lab.module_name, probes, steps, contract=contract)

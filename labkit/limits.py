@@ -23,6 +23,7 @@ CHILD_MEMORY_BYTES = 1024 * 1024 * 1024
 CHILD_FILE_BYTES = 256 * 1024 * 1024
 # Captured stdout/stderr of a child, per stream.
 CHILD_OUTPUT_BYTES = 64 * 1024
+MAX_RECORD_DEPTH = 64  # a report nested deeper than this is refused before json.loads sees it
 # How long a killed process group may take to disappear before we stop waiting.
 KILL_GRACE = 2.0
 # The exit code the kill hooks use: "the process really died at this point".

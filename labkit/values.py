@@ -8,6 +8,7 @@ bytearray, never a look-alike.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -110,3 +111,22 @@ def same(a: Any, b: Any) -> bool:
 def show(value: Any, limit: int = 200) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# Refused before json.loads (a recursive parser) sees it: 64 KB of "[" is a RecursionError.
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+_BRACKETS = re.compile(rb"[\[\]{}]")
+
+
+def too_deep(line: bytes, limit: int) -> bool:
+    """Whether a JSON text `line` nests arrays/objects deeper than `limit` (a loop, never recursion).
+
+    Brackets inside JSON strings do not count; an unbalanced line is left to json.loads."""
+    if line.count(b"[") + line.count(b"{") <= limit:
+        return False
+    depth = 0
+    for bracket in _BRACKETS.findall(_STRING.sub(b"", line)):
+        depth += 1 if bracket in b"[{" else -1
+        if depth > limit:
+            return True
+    return False

@@ -45,7 +45,7 @@ def judge_tmp(tmp_path, monkeypatch):
 @pytest.fixture
 def tag(monkeypatch):
     """Every marker of this test's runs starts with a tag, so /proc scans see only our processes."""
-    from labkit.judge import reaper
+    from labkit.sandbox import reaper
 
     prefix = f"leftovers-{os.getpid()}-"
     real_new_marker = reaper.new_marker

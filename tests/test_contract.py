@@ -26,7 +26,7 @@ CLAUSES = [(lab, clause.id) for lab in LABS for clause in labs.load(lab).contrac
 # Labs that need no contract, and why.
 NO_CONTRACT = {"start-here": "the warm-up teaches how cells and checks work; it has no contract to cover"}
 # ENABLE AT MERGE: empty this set once the issue8-outbox and issue8-vending branches (which add
-# checks/<lab>_contract.py) are merged; from then on a lab without a contract fails here.
+# checks/<lab>/contract.py) are merged; from then on a lab without a contract fails here.
 AWAITING_CONTRACT: set[str] = set()
 
 

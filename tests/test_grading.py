@@ -44,8 +44,8 @@ from labkit.grading.submissions import (
     read_notebook,
     slug,
 )
-from labkit.judge import reaper
 from labkit.notebook.module_export import assemble, parts_from_notebook
+from labkit.sandbox import reaper
 from tests.submissions import corpus, hostile
 
 # The corpus is graded in the first test's set-up: under CI's load that takes more than the
@@ -300,7 +300,7 @@ def test_no_feedback_page_shows_what_its_student_could_not_read(graded):
     for thief in ("rex", "vex"):
         page = next((feedback / thief).glob("*.html")).read_text()
         # The reference's code, the judge's checks: not a line of either. (Its kernel does read
-        # the stand-in for checks/<lab>.py: the steps' titles and points, as the notebook shows.)
+        # the labs' manifests: the steps' titles and points, as the notebook shows.)
         assert "_NoRedirect" not in page and "def check_" not in page and "read refused" in page
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from labkit import sandbox
-from labkit.judge import reaper
+from labkit.sandbox import reaper
 from tests.submissions import corpus, hostile, hostile2
 from tests.test_grading import (
     GRADER_UID,
@@ -68,7 +68,7 @@ def batch(tmp_path_factory):
     wrong_mark = WRONG_MARK.read_text()
     entries = hostile2.build(release, reference, targets, wrong_mark=wrong_mark)
     hostile2.write(entries, subs)
-    escape_places = [*targets.escape_dirs(), Path(tempfile.gettempdir()), ROOT / "checks", ROOT / "checks" / "oracles"]
+    escape_places = [*targets.escape_dirs(), Path(tempfile.gettempdir()), ROOT / "checks", ROOT / "checks" / "outbox"]
     for place in escape_places:
         (place / hostile.ESCAPE).unlink(missing_ok=True)
     guarded_before = _guarded_hash()
@@ -188,7 +188,7 @@ def test_nothing_is_written_outside_out_and_the_course_is_unchanged(batch):
 def test_no_judge_only_secret_reaches_any_page(batch):
     out, texts = batch["out"], _texts(batch["out"])
     honest = "\n".join(t for p, t in texts.items() if "/ada/" in p)
-    oracle_lines = {line.strip() for f in (ROOT / "checks" / "oracles").glob("*.py")
+    oracle_lines = {line.strip() for f in (ROOT / "checks").glob("*/oracle.py")
                     for line in f.read_text().splitlines() if len(line.strip()) >= 40}
     oracle_lines = {line for line in oracle_lines if line not in honest}
     shadow = Path("/etc/shadow").read_text().splitlines()[0] if Path("/etc/shadow").exists() else None

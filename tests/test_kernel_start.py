@@ -112,7 +112,8 @@ def test_a_notebook_edited_after_the_save_is_flagged_but_not_one_saved_before(tm
 
 
 def test_an_import_that_never_finishes_names_the_step_cell_and_line(tmp_path, judge_tmp):
-    from labkit.judge import child, expect, reaper
+    from labkit.judge import child, expect
+    from labkit.sandbox import reaper
 
     parts = {"header": "import time\n", "4": "def ready():\n    return True\n\nwhile True:\n    time.sleep(0.05)\n"}
     module = tmp_path / "worker.py"

@@ -23,9 +23,8 @@ from pathlib import Path
 import pytest
 
 from labkit import sandbox
-from labkit.judge import reaper
 from labkit.limits import RUN_MARKER
-from labkit.sandbox import launcher, remote
+from labkit.sandbox import launcher, reaper, remote
 
 ROOT = Path(__file__).resolve().parents[1]
 PROBE = [sys.executable, "-P", "-m", "labkit.probe.main"]

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from labkit import labs
+from labkit.judge.run import lab_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 LABS = labs.available()
@@ -40,9 +41,9 @@ def test_a_check_without_a_step_or_a_step_without_a_check_fails_on_import(monkey
     import toylab.lab
 
     with pytest.raises(labs.ManifestError, match="differ"):
-        labs.spec("toylab", {1: toylab.lab.check_half, 2: toylab.lab.check_half})
+        lab_spec("toylab", {1: toylab.lab.check_half, 2: toylab.lab.check_half})
     with pytest.raises(labs.ManifestError, match="differ"):
-        labs.spec("toylab", {})
+        lab_spec("toylab", {})
 
 
 def test_a_malformed_manifest_names_its_file(tmp_path):

@@ -29,9 +29,8 @@ from pathlib import Path
 import pytest
 
 from labkit import sandbox
-from labkit.judge import reaper
 from labkit.limits import RUN_MARKER
-from labkit.sandbox import Policy, profiles
+from labkit.sandbox import Policy, profiles, reaper
 from labkit.sandbox.policy import MiB
 
 ROOT = Path(__file__).resolve().parents[1]

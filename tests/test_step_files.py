@@ -25,7 +25,7 @@ from checks.outbox import schema as stores
 from labkit.judge import step_files
 
 ROOT = Path(__file__).resolve().parents[1]
-ORACLE = ROOT / "checks" / "oracles" / "outbox.py"
+ORACLE = ROOT / "checks" / "outbox" / "oracle.py"
 SECRETS = (ORACLE, Path("/proc/self/environ"))
 
 

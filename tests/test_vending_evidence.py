@@ -27,10 +27,10 @@ from hypothesis import strategies as st
 from checks import vending
 from checks.vending import oracle
 from labkit import labs
-from labkit.judge import reaper
 from labkit.judge.child import run_child
 from labkit.judge.run import run_lab
 from labkit.judge.verdict import Outcome
+from labkit.sandbox import reaper
 from labkit.servers.feed import start_feed
 from labkit.values import decode
 

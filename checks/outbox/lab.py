@@ -20,9 +20,9 @@ from checks.outbox.dispatch import check_dispatch
 from checks.outbox.send import check_send_http
 from checks.outbox.stores import check_stores
 from checks.outbox.validate import check_validate
-from labkit import labs
+from labkit.judge.run import lab_spec
 
 # Titles, points and what builds on what: manifest.toml.
-LAB = labs.spec(__package__, {1: check_validate, 2: check_stores, 3: check_accept, 4: check_pending, 5: check_receive,
+LAB = lab_spec(__package__, {1: check_validate, 2: check_stores, 3: check_accept, 4: check_pending, 5: check_receive,
                  6: check_mark_sent, 7: check_dispatch, 8: check_send_http, "final": check_crash}, contract=CLAUSES)
 

@@ -41,7 +41,6 @@ from checks.relay.outbox import (
     unchanged,
 )
 from checks.relay.witness import judged, look_failed, no_open_transaction, not_seen, watched_cases
-from labkit import labs
 from labkit.judge.expect import (
     TRANSACTION_HINT,
     Miss,
@@ -55,7 +54,7 @@ from labkit.judge.expect import (
     under,
     value_of,
 )
-from labkit.judge.run import StepContext
+from labkit.judge.run import StepContext, lab_spec
 from labkit.judge.verdict import Case, Outcome
 from labkit.values import decode, encode, same, show
 
@@ -1929,5 +1928,5 @@ def _refused_first(hint: str):
 
 
 # Titles, points and what builds on what: manifest.toml.
-LAB = labs.spec(__package__, {1: check_open, 2: check_enqueue, 3: check_claim, 4: check_complete, 5: check_backoff, 6: check_fail,
+LAB = lab_spec(__package__, {1: check_open, 2: check_enqueue, 3: check_claim, 4: check_complete, 5: check_backoff, 6: check_fail,
                  7: check_redrive, 8: check_relay_once, "final": check_final}, contract=CLAUSES)

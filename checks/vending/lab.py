@@ -25,7 +25,6 @@ from checks.outbox import schema as stores
 from checks.vending import interference, oracle
 from checks.vending.contract import CLAUSES
 from checks.vending.witness import FaultWitness
-from labkit import labs
 from labkit.judge import expect
 from labkit.judge.child import child_session
 from labkit.judge.differential import after_fixed, differential
@@ -45,7 +44,7 @@ from labkit.judge.expect import (
     value_of,
 )
 from labkit.judge.hooks import KILLED_TEXT, run_to_hook
-from labkit.judge.run import StepContext
+from labkit.judge.run import StepContext, lab_spec
 from labkit.judge.verdict import Case, Outcome
 from labkit.servers.feed import Feed, start_feed
 from labkit.values import decode, encode, same, show
@@ -2433,5 +2432,5 @@ def ladder(events, died: Case, after_kill, j1, j2, after_all, restarted: bool) -
 
 
 # Titles, points and what builds on what: manifest.toml.
-LAB = labs.spec(__package__, {1: check_parse, 2: check_store, 3: check_apply, 4: check_replay, 5: check_consume_line,
+LAB = lab_spec(__package__, {1: check_parse, 2: check_store, 3: check_apply, 4: check_replay, 5: check_consume_line,
                  6: check_session, 7: check_run_client, "final": check_crash}, contract=CLAUSES)

@@ -7,7 +7,7 @@ student's code. `line_clause` and `replay_clause` name the contract clause an in
 (the first rule it breaks, or the rule that says what a valid input returns), so a
 counterexample comes with the hint of the rule it violates.
 
-Judge-side only: the sandbox hides `checks/oracles/` from the child.
+Judge-side only: the sandbox hides it from the child (it shows a lab's probes only).
 """
 
 from __future__ import annotations

@@ -7,9 +7,8 @@ is not a `str`, or that is empty once stripped, is a `ValueError`.
 
 from __future__ import annotations
 
-from labkit import labs
 from labkit.judge.expect import Plan, raises, returns
-from labkit.judge.run import StepContext
+from labkit.judge.run import StepContext, lab_spec
 from labkit.judge.verdict import Case
 from labkit.values import encode, show
 
@@ -43,4 +42,4 @@ def check_normalize(ctx: StepContext) -> list[Case]:
 
 
 # Titles, points and what builds on what: manifest.toml.
-LAB = labs.spec(__package__, {1: check_normalize})
+LAB = lab_spec(__package__, {1: check_normalize})

@@ -46,8 +46,8 @@ from labkit.grading.settings import (
 )
 from labkit.grading.shards import WHOLE, Shard, shard_of
 from labkit.grading.terminal import safe, safe_lines
-from labkit.judge import reaper
 from labkit.limits import step_timeout
+from labkit.sandbox import reaper
 
 
 class BatchUsageError(Exception):

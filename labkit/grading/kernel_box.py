@@ -168,7 +168,7 @@ class KernelBox:
 
     def kill(self) -> None:
         """Kill every kernel started so far and everything they started."""
-        from labkit.judge import reaper
+        from labkit.sandbox import reaper
 
         for box in self.boxes:
             box.kill()

@@ -6,7 +6,7 @@ can reach (the same records a resumed run and `merge` trust) — and counts, per
 - the distribution of total scores, and per step how many passed, failed, or had not started
   (the skeleton's `NotImplementedError`), and how many revealed the reference;
 - per step, the contract clauses the failing cases name (`Case.clauses`, stable IDs from
-  `checks/<lab>_contract.py`), ranked by how many students hit each, with the clause's rule,
+  `checks/<lab>/contract.py`), ranked by how many students hit each, with the clause's rule,
   the most common hint and two anonymised example "got" lines. A student counts once per
   clause. Only real mistakes count (wrong, raised, timed out, died): a skeleton, a missing
   function or a module that does not import is not a rule broken. Nothing is parsed out of a

@@ -40,10 +40,10 @@ from labkit.grading.settings import (
     socket_folder,
 )
 from labkit.grading.submissions import NotANotebook, read_capped, read_notebook, slug
-from labkit.judge import reaper
 from labkit.judge.verdict import LabVerdict
 from labkit.limits import RUN_MARKER
 from labkit.notebook.module_export import assemble, parts_from_notebook
+from labkit.sandbox import reaper
 
 PR_SET_PDEATHSIG = 1
 

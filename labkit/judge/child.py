@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import selectors
 import shutil
 import signal
@@ -26,9 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from labkit.judge import reaper
-from labkit.limits import CALL_TIMEOUT, CHILD_OUTPUT_BYTES, KILL_GRACE, RUN_MARKER
+from labkit.limits import CALL_TIMEOUT, CHILD_OUTPUT_BYTES, KILL_GRACE, MAX_RECORD_DEPTH, RUN_MARKER
+from labkit.sandbox import reaper
 from labkit.sandbox.profiles import child_box
+from labkit.values import too_deep
 
 ROOT = Path(__file__).resolve().parents[2]
 MAX_RESULT_BYTES = 8 * 1024 * 1024
@@ -308,25 +308,6 @@ def _collect(fd: int, proc: subprocess.Popen, deadline: float) -> bytes:
     return b"".join(chunks)
 
 
-MAX_RECORD_DEPTH = 64  # a report nested deeper than this is refused before json.loads sees it
-_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
-_BRACKETS = re.compile(rb"[\[\]{}]")
-
-
-def _too_deep(line: bytes, limit: int = MAX_RECORD_DEPTH) -> bool:
-    """Whether `line` nests arrays/objects deeper than `limit` (a loop, never recursion).
-
-    Brackets inside JSON strings do not count; an unbalanced line is left to json.loads."""
-    if line.count(b"[") + line.count(b"{") <= limit:
-        return False
-    depth = 0
-    for bracket in _BRACKETS.findall(_STRING.sub(b"", line)):
-        depth += 1 if bracket in b"[{" else -1
-        if depth > limit:
-            return True
-    return False
-
-
 def _malformed(why: str) -> dict:
     """The record put in place of one the judge refused: the child's report is its own failure."""
     return {"event": "aborted", "malformed": True,
@@ -355,7 +336,7 @@ def _parse(data: bytes) -> list[dict]:
             records.append(_malformed(f"a record of more than {MAX_RESULT_BYTES} bytes"))
             continue
         try:
-            if _too_deep(line):
+            if too_deep(line, MAX_RECORD_DEPTH):
                 records.append(_malformed(f"a record nested deeper than {MAX_RECORD_DEPTH} levels"))
                 continue
             record = json.loads(line)

@@ -2,7 +2,7 @@
 
 Hypothesis runs in the judge and draws argument tuples from a lab's strategy; each example is
 answered by the student's function in ONE child that stays up (`child.child_session`, ~0.2 ms
-a call) and by the oracle in the judge (`checks/oracles/<lab>.py`, never visible to the child).
+a call) and by the oracle in the judge (`checks/<lab>/oracle.py`, never visible to the child).
 On the first disagreement Hypothesis shrinks the input, and the step gets ONE failing case:
 `called` is the shrunk call, `expected` the oracle's outcome, `got` the student's, and `hint`
 and `clauses` come from the lab's `clause_of(*shrunk_args)`. Agreement on every example gives

@@ -17,7 +17,7 @@ import signal
 import time
 from collections.abc import Callable, Iterable
 
-from labkit.judge import reaper
+from labkit.sandbox import reaper
 
 
 def _ns(pid: int) -> str | None:

@@ -10,18 +10,21 @@ from __future__ import annotations
 import dataclasses
 import random
 import shutil
+import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from labkit.judge import expect, reaper
+from labkit import labs
+from labkit.judge import expect
 from labkit.judge.child import ChildRun, run_child
 from labkit.judge.contract import Clause
 from labkit.judge.verdict import Case, Evidence, LabVerdict, Outcome, StepVerdict
 from labkit.limits import step_timeout
+from labkit.sandbox import reaper
 
 
 @dataclass
@@ -59,6 +62,24 @@ class LabSpec:
                     found.add(str(spec.step))
                     changed = True
         return found
+
+
+def lab_spec(package: str, runs: Mapping[int | str, Callable], contract: tuple = ()):
+    """A lab's `LabSpec` from the manifest beside its checks and its step checks:
+    `LAB = lab_spec(__package__, {1: check_1, ...})`.
+
+    The manifest's steps and `runs` must name the same steps: a check without a step, or a step
+    without a check, is an error when the checks are imported, not a silent gap."""
+    lab = labs.read(Path(sys.modules[package].__path__[0]), package)
+    named = {str(s.step) for s in lab.steps}
+    if named != {str(k) for k in runs}:
+        raise labs.ManifestError(f"{lab.name}: the manifest's steps {sorted(named)} and the checks' "
+                            f"{sorted(str(k) for k in runs)} differ")
+    by_name = {str(k): run for k, run in runs.items()}
+    steps = [StepSpec(s.step, s.title, s.points, by_name[str(s.step)], requires=s.requires) for s in lab.steps]
+    # A lab without probes of its own calls its functions through labkit's generic ones.
+    probes = lab.module(lab.probes[0]) if lab.probes else "labkit.probe"
+    return LabSpec(lab.name, lab.module_name, probes, steps, contract=contract)
 
 
 @dataclass

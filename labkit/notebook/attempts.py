@@ -5,9 +5,8 @@ saved (and a hash of what was saved), and the latest attempt, saved or not ("syn
 "interrupted"). A check reads this to say which saved version it judged ("judged: step 6 as
 saved at 14:02:31") and to warn, at the top of its panel, when the latest run of that step's
 cell did not save, or when the notebook's cell (as last written to disk) differs from what is
-saved: the verdict is then about an older version than the one on screen.
-
-The two renderers at the end (`judged_text`, `judged_html`) are the one line each view adds.
+saved: the verdict is then about an older version than the one on screen. The views show it
+as one line (`render_text.judged_text`, `render_html.judged_html`).
 """
 
 from __future__ import annotations
@@ -16,7 +15,6 @@ import hashlib
 import json
 import os
 import time
-from html import escape
 from pathlib import Path
 
 from labkit.notebook import module_export
@@ -130,25 +128,6 @@ def provenance(workdir: Path, lab: str, step: str, saved: dict[str, str],
 
 
 # --- the one line each view adds at the top of a panel ------------------------------------
-
-
-def judged_text(step) -> list[str]:
-    lines = []
-    if getattr(step, "warning", ""):
-        lines.append(f"  ⚠ {step.warning}")
-    if getattr(step, "judged", ""):
-        lines.append(f"  ({step.judged})")
-    return lines
-
-
-def judged_html(step) -> str:
-    html = ""
-    if getattr(step, "warning", ""):
-        html += ('<div class="lk-stale" style="margin:3px 0;padding:4px 8px;background:#fff3e0;'
-                 f'border-left:3px solid #ef6c00;color:#4e342e">⚠ {escape(step.warning)}</div>')
-    if getattr(step, "judged", ""):
-        html += f'<div class="lk-judged" style="color:#607d8b;font-size:12px">{escape(step.judged)}</div>'
-    return html
 
 
 def notebook_path() -> Path | None:

@@ -218,12 +218,12 @@ class Lab:
     def answer(self, question: str, choice: int | str) -> None:
         """Answer a quiz question without the widget: `lab.answer("inbox", "b")`."""
         from labkit.notebook import quiz
-        from labkit.views import display
+        from labkit.views import display, render_quiz
 
         questions = quiz.load(self.name)
         entry = quiz.record(self.workdir, self.name, questions, question, choice)
         verdict = "right" if entry["correct"] else "not quite"
-        print(f"{question}: {verdict}.\n" + quiz.explain_text(quiz.find(questions, question), entry["choice"]))
+        print(f"{question}: {verdict}.\n" + render_quiz.explain_text(quiz.find(questions, question), entry["choice"]))
         display.update_quiz(self.name, questions, quiz.answers(self.workdir, self.name))
 
     def reveal(self, step: int | str, confirm: bool = False) -> None:

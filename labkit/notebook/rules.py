@@ -1,6 +1,6 @@
 """"What the check tries": a step's rules, written into its lesson from the lab's contract.
 
-One source: the clauses that tag the check's cases (`checks/<lab>_contract.py`) are also what
+One source: the clauses that tag the check's cases (`checks/<lab>/contract.py`) are also what
 `docs/coverage.md` lists and what the lesson says, so a student never meets a rule for the first
 time as a red case. The build puts this cell just before the step's code cell (before the
 final check's cell for `final`); `tests/test_lesson_rules.py` fails when a case of a step's

@@ -187,7 +187,7 @@ def jupyter_command(workspace: Path, first_start: bool, extra: list[str]) -> lis
     if hasattr(os, "geteuid") and os.geteuid() == 0 and "--allow-root" not in extra:
         cmd.append("--allow-root")  # JupyterLab refuses to start as root without it
     cmd += extra
-    start_here = workspace / "00-start-here.ipynb"
-    if first_start and start_here.exists():
-        cmd.append(str(start_here))  # the first start opens the warm-up
+    first = sorted(workspace.glob("[0-9][0-9]-*.ipynb"))
+    if first_start and first:
+        cmd.append(str(first[0]))  # the first start opens the course's first notebook, the warm-up
     return cmd

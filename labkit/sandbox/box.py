@@ -79,7 +79,7 @@ def _collect(pids: set[int], grace: float = ORPHAN_GRACE, parents: frozenset[int
     they stay zombies of a grader that may run for hours. Waits (bounded) until each is
     collected or gone; a slow pid-namespace teardown on a loaded machine takes seconds.
     """
-    from labkit.judge import reaper
+    from labkit.sandbox import reaper
 
     reaper.collect(pids, time.monotonic() + grace, parents)
 
@@ -113,7 +113,7 @@ class Box:
              chown_writable: bool = True) -> Box:
         """`chown_writable=False`: the writable folders are the caller's fds, already the uid's; the
         launcher never walks (or chowns) a path a sandboxed process could have touched."""
-        from labkit.judge import reaper
+        from labkit.sandbox import reaper
 
         # bwrap's first process inside can outlive bwrap; it must re-parent to us to be collected.
         reaper.become_subreaper()
@@ -229,8 +229,8 @@ class Box:
         if self.group is not None:
             candidates = self.group.pids()
         else:
-            from labkit.judge import reaper
             from labkit.limits import RUN_MARKER
+            from labkit.sandbox import reaper
 
             marker = self.policy.env.get(RUN_MARKER)
             candidates = set(reaper.marked_pids(marker)) if marker else set()

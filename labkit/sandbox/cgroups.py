@@ -16,7 +16,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from labkit.judge import reaper
+from labkit.sandbox import reaper
 
 MOUNT = Path("/sys/fs/cgroup")
 CONTROLLERS = ("memory", "pids")

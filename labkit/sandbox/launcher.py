@@ -38,6 +38,7 @@ from pathlib import Path
 
 from labkit.sandbox import cgroups
 from labkit.sandbox.box import Box, BoxedPopen
+from labkit.values import too_deep
 
 MAX_MESSAGE = 256 * 1024
 MAX_FDS = 16
@@ -140,7 +141,7 @@ class Launcher:
                 break  # the judge is gone
             reply: dict = {}
             try:
-                if _too_deep(data):  # never a recursive parser's RecursionError, even caught
+                if too_deep(data, 16):  # never a recursive parser's RecursionError, even caught
                     raise Refused("a request nested too deep")
                 request = json.loads(data)
                 if not isinstance(request, dict):
@@ -245,12 +246,6 @@ class Launcher:
         self._send({"event": "exit", "box": number, "code": child.proc.returncode,
                     "outcome": str(report.outcome), "oom_kills": report.oom_kills,
                     "pids_refused": report.pids_refused})
-
-
-def _too_deep(data: bytes, limit: int = 16) -> bool:
-    from labkit.judge.child import _too_deep as deeper
-
-    return deeper(data, limit)
 
 
 def _inside(path: str, folder: str) -> bool:

@@ -535,9 +535,10 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 def _parse_event(body: bytes) -> tuple[dict | None, str | None]:
-    from labkit.judge.child import _too_deep
+    from labkit.limits import MAX_RECORD_DEPTH
+    from labkit.values import too_deep
 
-    if _too_deep(body):  # refused before a recursive parser sees it (64 KB of "[")
+    if too_deep(body, MAX_RECORD_DEPTH):  # refused before a recursive parser sees it (64 KB of "[")
         return None, "event nested too deep"
     try:
         event = json.loads(body.decode("utf-8"))
@@ -799,8 +800,8 @@ def spawn_warehouse(
     `receive` (imported from `module_path`, in `workdir`), and wait at most `ready_timeout` until
     the child has imported the module and found both functions. Raises WarehouseStartError
     (saying whose fault it is) if it does not come up."""
-    from labkit.judge import reaper
     from labkit.judge.child import child_session, last_line
+    from labkit.sandbox import reaper
 
     faults = _check_faults(faults)
     if (isinstance(slow_seconds, bool) or not isinstance(slow_seconds, (int, float))

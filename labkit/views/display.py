@@ -11,10 +11,13 @@ reopened without its kernel.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from labkit.judge.verdict import LabVerdict, StepVerdict
-from labkit.notebook import progress as progress_mod
-from labkit.views import render_html, render_text
+from labkit.views import render_html, render_quiz, render_text
+
+if TYPE_CHECKING:  # the kernel-side data this module renders; views never import the notebook
+    from labkit.notebook.progress import Progress
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
@@ -101,7 +104,7 @@ def _progress_id(lab: str) -> str:
     return f"labkit-progress-{lab}"
 
 
-def show_progress(progress: progress_mod.Progress) -> None:
+def show_progress(progress: Progress) -> None:
     """The setup cell's progress bar; later checks update this very output in place."""
     widgets = _widgets()
     live = None
@@ -112,7 +115,7 @@ def show_progress(progress: progress_mod.Progress) -> None:
     show(progress.text(), progress.html(), live, display_id=_progress_id(progress.lab))
 
 
-def update_progress(progress: progress_mod.Progress) -> None:
+def update_progress(progress: Progress) -> None:
     from IPython.display import update_display
 
     bar = _progress_bars.get(progress.lab)
@@ -134,8 +137,6 @@ def show_quiz(lab: str, questions: list[dict], answers: Callable[[], dict[str, d
     """The quiz widget; every answer also refreshes the static copy, so a saved or exported
     notebook shows the answers as they are now, not as they were when the cell ran.
     `answers()` reads the saved answers, `answer(qid, index)` saves one."""
-    from labkit.notebook import quiz
-
     widgets = _widgets()
     live = None
     if widgets and questions:
@@ -146,14 +147,12 @@ def show_quiz(lab: str, questions: list[dict], answers: Callable[[], dict[str, d
 
         live = widgets.quiz_panel(lab, questions, answers(), answer_and_refresh)
     saved = answers()
-    show(quiz.render_text(lab, questions, saved), quiz.render_html(lab, questions, saved), live,
+    show(render_quiz.render_text(lab, questions, saved), render_quiz.render_html(lab, questions, saved), live,
          display_id=_quiz_id(lab))
 
 
 def update_quiz(lab: str, questions: list[dict], saved: dict[str, dict], paired: bool = True) -> None:
     from IPython.display import update_display
 
-    from labkit.notebook import quiz
-
-    update_display(_static_bundle(quiz.render_text(lab, questions, saved), quiz.render_html(lab, questions, saved),
+    update_display(_static_bundle(render_quiz.render_text(lab, questions, saved), render_quiz.render_html(lab, questions, saved),
                                   paired), raw=True, display_id=_quiz_id(lab))

@@ -13,7 +13,6 @@ import re
 from html import escape
 
 from labkit.judge.verdict import Case, Evidence, LabVerdict, Outcome, StepVerdict
-from labkit.notebook.attempts import judged_html
 from labkit.views import grouping, timeline_svg
 from labkit.views.standing import NOTEBOOK, Standing, is_calm, standing
 
@@ -337,3 +336,13 @@ def render_lab(verdict: LabVerdict, where: str = NOTEBOOK) -> str:
     head = (f"<h3>lab {escape(verdict.lab)} — {verdict.score}/{verdict.max_score} points "
             f"<small>(seed {verdict.seed})</small></h3>")
     return STYLE + head + "".join(render_step(s, with_style=False, where=where) for s in verdict.steps)
+
+
+def judged_html(step) -> str:
+    html = ""
+    if getattr(step, "warning", ""):
+        html += ('<div class="lk-stale" style="margin:3px 0;padding:4px 8px;background:#fff3e0;'
+                 f'border-left:3px solid #ef6c00;color:#4e342e">⚠ {escape(step.warning)}</div>')
+    if getattr(step, "judged", ""):
+        html += f'<div class="lk-judged" style="color:#607d8b;font-size:12px">{escape(step.judged)}</div>'
+    return html

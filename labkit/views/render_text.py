@@ -5,7 +5,6 @@ from __future__ import annotations
 import textwrap
 
 from labkit.judge.verdict import Case, Evidence, LabVerdict, StepVerdict
-from labkit.notebook.attempts import judged_text
 from labkit.views import grouping
 from labkit.views.standing import NOTEBOOK, Standing, is_calm, standing
 from labkit.views.timeline_svg import is_duplicate, is_kill, lanes, rows
@@ -95,3 +94,12 @@ def render_lab(verdict: LabVerdict, where: str = NOTEBOOK) -> str:
     head = (f"lab {verdict.lab} — seed {verdict.seed} — {verdict.score}/{verdict.max_score} points"
             f" — {'all passed' if verdict.passed else 'not all passed'} ({verdict.seconds:.1f} s)")
     return "\n\n".join([head] + [render_step(s, where=where) for s in verdict.steps])
+
+
+def judged_text(step) -> list[str]:
+    lines = []
+    if getattr(step, "warning", ""):
+        lines.append(f"  ⚠ {step.warning}")
+    if getattr(step, "judged", ""):
+        lines.append(f"  ({step.judged})")
+    return lines

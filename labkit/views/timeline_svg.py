@@ -238,7 +238,7 @@ def table(timeline: list[dict]) -> str:
             "</summary>"
             '<div style="font-size:12px;color:#607d8b;margin:2px 0">In the picture\'s order: what caused an '
             "event comes before it, then time. Times are each recorder's own clock (the judge, a process, "
-            "the warehouse, an outbox's audit in whole milliseconds), so two close ones may look swapped."
+            "a server, a database's audit trigger in whole milliseconds), so two close ones may look swapped."
             "</div>"
             '<table class="lk-timeline-table" style="border-collapse:collapse;font-size:12px;margin:2px 0">'
             f"<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></details>")

@@ -9,14 +9,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from html import escape
+from typing import TYPE_CHECKING
 
 import ipywidgets as W
 
 from labkit.judge.verdict import Case, StepVerdict
-from labkit.notebook.progress import Progress
-from labkit.notebook.quiz import LETTERS, why_html
 from labkit.views import grouping, render_html
+from labkit.views.render_quiz import LETTERS, why_html
 from labkit.views.standing import is_calm, standing
+
+if TYPE_CHECKING:  # rendered here, made in the kernel: views never import the notebook
+    from labkit.notebook.progress import Progress
 
 WIDGET_STYLE = """
 <style>

@@ -131,7 +131,7 @@ def collect_descendants(descendants: list, parent: int | None = None) -> None:
     Once a test made this process a subreaper (any in-process judge run does), what outlives its
     parent comes here: uncollected, it stays a zombie that a later test counting zombies finds
     (a CI run did)."""
-    from labkit.judge import reaper
+    from labkit.sandbox import reaper
 
     pids = {p.pid for p in descendants}
     reaper.collect(pids, time.monotonic() + 5, frozenset({*pids, *([parent] if parent else [])}))

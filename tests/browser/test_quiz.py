@@ -1,7 +1,7 @@
 """The quiz widget in a real JupyterLab: a click explains the option clicked, and only that one.
 
 Explaining every option on the first click named the right answer before the student found it
-(labkit.notebook.quiz.why_html). A wrong click shows that option's explanation and "try another
+(labkit.views.render_quiz.why_html). A wrong click shows that option's explanation and "try another
 option"; the other options' explanations, the right one's included, stay unshown.
 """
 

@@ -204,7 +204,7 @@ def build(release: NotebookNode, reference: str) -> list[Entry]:
 
 
 def quiz_key(lab: str) -> list[dict]:
-    """The lab's questions with their answer key (`checks/<lab>_quiz.py`)."""
+    """The lab's questions with their answer key (`checks/<lab>/quiz.py`)."""
     from labkit.notebook import quiz
 
     return quiz.load(lab)

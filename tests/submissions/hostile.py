@@ -57,7 +57,7 @@ class Targets:
 def attack(t: Targets, lab: str, *, reads: bool = True, writes: bool = True) -> str:
     """Python source that tries to read and write everything it must not, and says what happened."""
     reads_at = [t.root / "solutions" / "worker.py", t.root / "solutions" / "client.py",
-                t.root / "notebooks" / "source" / "01-outbox.md", t.root / "checks" / f"{lab}.py",
+                t.root / "notebooks" / "source" / "01-outbox.md", t.root / "checks" / lab / "lab.py",
                 t.subs / VICTIM / "01-lab.ipynb", t.out / ".results" / f"{VICTIM}--outbox.json"]
     forged = json.dumps({"version": 1, "row": {"student": GHOST, "lab": lab, "total": 99, "max": 13,
                                                "status": "ok", "flags": [], "notebook": "x"}})
@@ -67,7 +67,7 @@ def attack(t: Targets, lab: str, *, reads: bool = True, writes: bool = True) -> 
                  t.out / "feedback" / VICTIM / "outbox.html": "<h1>0 points</h1>",
                  t.subs / VICTIM / "01-lab.ipynb": "{}",
                  t.root / "labkit" / "__init__.py": "\n# pwned\n",
-                 t.root / "checks" / "outbox.py": "\n# pwned\n"}
+                 t.root / "checks" / "outbox" / "lab.py": "\n# pwned\n"}
     lines = [
         "import os as _os",
         "_stolen = []",

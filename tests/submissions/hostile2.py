@@ -107,9 +107,9 @@ def _sys(*args):
 # --- class 1: deputy attacks on judge-side file access ---------------------------------------------
 
 def _deputy(kind: str, t: Targets) -> str:
-    targets = [str(t.root / "checks" / "oracles" / "outbox.py"), "/proc/self/environ", "/proc/self/mem",
+    targets = [str(t.root / "checks" / "outbox" / "oracle.py"), "/proc/self/environ", "/proc/self/mem",
                "/etc/shadow", str(t.out / "grades.csv"), str(t.out / ESCAPE),
-               str(t.root / "checks" / "oracles" / ESCAPE)]
+               str(t.root / "checks" / "outbox" / ESCAPE)]
     replace = {
         "symlink": "os.symlink(_targets[i % len(_targets)], n)",
         "fifo": "os.mkfifo(n)",
@@ -586,7 +586,7 @@ def build(release: NotebookNode, reference: str, targets: Targets, *, wrong_mark
 
     # --- 1. deputy attacks on judge-side file access -------------------------------------------
     for student, kind, why in (
-            ("dee", "symlink", "replaces the judge's DB files with symlinks to checks/oracles, /proc/self/environ, "
+            ("dee", "symlink", "replaces the judge's DB files with symlinks to checks/<lab>/oracle.py, /proc/self/environ, "
                                "/proc/self/mem, /etc/shadow, --out; hard links to the same"),
             ("fifi", "fifo", "replaces the judge's DB files with FIFOs (the judge must not hang)"),
             ("dora", "dir", "replaces the judge's DB files with directories"),

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from labkit import labs
 from labkit.judge.contract import Clause, contract
 from labkit.judge.expect import Plan, raises, returns
-from labkit.judge.run import StepContext
+from labkit.judge.run import StepContext, lab_spec
 from labkit.judge.verdict import Case
 from labkit.values import encode, show
 
@@ -37,4 +36,4 @@ def check_cases(ctx: StepContext, cases: list) -> list[Case]:
     return ctx.cases("calls", plans, {"calls": specs})
 
 
-LAB = labs.spec(__package__, {1: check_half}, contract=CLAUSES)
+LAB = lab_spec(__package__, {1: check_half}, contract=CLAUSES)
