@@ -509,3 +509,28 @@ def test_a_judge_in_its_box_reads_the_graders_unicode_tables_and_cannot_change_t
     reading = (None, "r", "rb")  # GzipFile's default mode reads
     assert sorted(name for name, mode in seen["opened"] if mode in reading) == built
     assert not [name for name, mode in seen["opened"] if mode not in reading], seen["opened"]
+
+
+def test_a_child_the_memory_limit_killed_is_told_so_not_that_it_died(tmp_path, monkeypatch):
+    """The box's report reaches the verdict: a cgroup OOM kill is its own outcome, with its own
+    words, not a bare "died (exit code -9)". The address-space limit is lifted here so that the
+    cgroup's limit, not a MemoryError, is what stops the allocation."""
+    if sandbox.support().cgroups is None:
+        pytest.skip("no cgroups here: nothing but the address-space limit bounds memory")
+    from labkit.judge import expect
+    from labkit.judge.child import run_child
+    from labkit.judge.verdict import Outcome
+
+    real = profiles.child
+    monkeypatch.setattr(profiles, "child", lambda *args, **kwargs: Policy(
+        **{**real(*args, **kwargs).__dict__, "memory_bytes": 96 * MiB, "address_space": None}))
+    module = tmp_path / "worker.py"
+    module.write_text("def hog():\n    blob = [bytearray(2**20) for _ in range(1024)]\n    return len(blob)\n")
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    run = run_child(module, "labkit.probe:calls", {"calls": [{"name": "hog", "fn": "hog", "args": []}]},
+                    workdir=workdir, timeout=20.0)
+    plan = expect.Plan("hog", "hog()", "1024", expect.returns(1024))
+    [case] = expect.judge(run, [plan], 20.0)
+    assert run.memory_limit and case.outcome is Outcome.MEMORY_LIMIT, (run.exit_code, case)
+    assert "memory limit" in case.got and "died" not in case.got

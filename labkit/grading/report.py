@@ -35,7 +35,7 @@ from labkit.judge.verdict import LabVerdict, Outcome, from_json
 
 REPORT = "report.html"
 # Outcomes that mean "a rule of the contract was broken"; the others mean "not there yet".
-MISTAKES = {Outcome.WRONG, Outcome.RAISED, Outcome.TIMED_OUT, Outcome.DIED}
+MISTAKES = {Outcome.WRONG, Outcome.RAISED, Outcome.TIMED_OUT, Outcome.DIED, Outcome.MEMORY_LIMIT}
 EXAMPLES = 2
 LINE_CHARS = 160
 HINT_CHARS = 400  # hints are the course's own sentences, longer than a got line

@@ -47,6 +47,7 @@ class ChildRun:
     started_at: float = 0.0  # wall-clock, for timelines
     ended_at: float = 0.0
     restarted: str = ""  # why a first start was retried (`run_child`), else ""
+    memory_limit: bool = False  # the sandbox saw its memory limit kill it (cgroup OOM)
 
     @property
     def import_error(self) -> dict | None:
@@ -193,6 +194,17 @@ class _suppress_lookup:
         return kind is not None and issubclass(kind, (ProcessLookupError, PermissionError))
 
 
+def hit_memory_limit(proc: subprocess.Popen) -> bool:
+    """Whether the sandbox's report of this ended child says the kernel's OOM killer ended it."""
+    report = getattr(proc, "sandbox_report", None)
+    return report is not None and (str(report.outcome) == "memory-limit" or report.oom_kills > 0)
+
+
+def died(exit_code: int | None, memory_limit: bool) -> dict:
+    """How a child that ended without answering ended, for `expect.ended_case`."""
+    return {"kind": "memory_limit"} if memory_limit else {"kind": "died", "exit_code": exit_code}
+
+
 def _kill(proc: subprocess.Popen, marker: str) -> None:
     """End the child's whole group and anything marked that escaped it; reap the child."""
     reaper.kill_group(proc.pid)
@@ -267,6 +279,7 @@ def _run_child_once(module: Path, probe: str, args: dict, *, workdir: Path, time
                 os.close(read_fd)
                 _kill(proc, marker)
         run.exit_code = proc.returncode
+        run.memory_limit = hit_memory_limit(proc)
         run.ended_at = time.time()
         run.seconds = time.monotonic() - started
         run.stdout = _read_capped(out_path)
@@ -364,7 +377,7 @@ class ChildSession:
     (e.g. `labkit.probe:serve`) reports it. A child that does not answer within the call's
     timeout is killed; one that dies is noted; either way that call and every later one return
     a reply whose outcome kind says how the child ended, never an exception:
-    `{"kind": "timed_out", "seconds": s}`, `{"kind": "died", "exit_code": n}`, or
+    `{"kind": "timed_out", "seconds": s}`, `{"kind": "died", "exit_code": n}`, `{"kind": "memory_limit"}`, or
     `{"kind": "aborted", "error": {...}}` (SystemExit or another BaseException left the probe).
     `run` is a `ChildRun` of everything but the replies (import events, exit code, the
     student's capped stdout/stderr once the session is closed), so `expect.import_problem`
@@ -505,7 +518,7 @@ class ChildSession:
         self._wait_for(lambda r: False, time.monotonic())  # keep what it said before dying
         aborted = self.run.aborted
         self.ended = ({"kind": "aborted", "error": aborted} if aborted is not None
-                      else {"kind": "died", "exit_code": self.proc.returncode})
+                      else died(self.proc.returncode, hit_memory_limit(self.proc)))
         return self.ended
 
 

@@ -86,7 +86,7 @@ STORAGE_ENV = "HYPOTHESIS_STORAGE_DIRECTORY"
 # labs to a minimum (measured: under 200), and a hard stop for determinism and time.
 SHRINK_CALLS = 400
 UNCHANGED_HINT = "Never modify the input: build and return a new value."
-ENDING = ("timed_out", "died", "aborted", "not_implemented", "missing")
+ENDING = ("timed_out", "died", "memory_limit", "aborted", "not_implemented", "missing")
 
 
 @dataclass
@@ -289,7 +289,7 @@ def _failing_case(finding: Finding, name: str, show_call: Callable[..., str],
         grey.clauses = clauses
         return grey
     clause, hint = clause_of(*finding.args)
-    if student.get("kind") in ("timed_out", "died", "aborted"):
+    if student.get("kind") in ("timed_out", "died", "memory_limit", "aborted"):
         case = expect.ended_case(student, name, called, expected)
         case.clauses = (clause,)
         return case

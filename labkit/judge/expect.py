@@ -6,11 +6,12 @@ record and returns None (pass) or a `Miss` saying what happened instead.
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from labkit.judge.child import ChildRun, last_line
+from labkit.judge.child import ChildRun, died, last_line
 from labkit.judge.verdict import Case, Outcome
 from labkit.limits import CHILD_MEMORY_BYTES
 from labkit.values import decode, same, show
@@ -219,7 +220,7 @@ def _unreported(run: ChildRun, plan: Plan, stuck: str | None, timeout: float) ->
     elif run.aborted is not None:
         ended = {"kind": "aborted", "error": run.aborted}
     else:
-        ended = {"kind": "died", "exit_code": run.exit_code}
+        ended = died(run.exit_code, run.memory_limit)
     return ended_case(ended, plan.name, plan.called, plan.expected)
 
 
@@ -244,9 +245,23 @@ def ended_case(ended: dict, name: str, called: str, expected: str) -> Case:
                 else "Don't call sys.exit() or raise BaseException subclasses from lab functions.")
         return Case(name, Outcome.RAISED, called, expected, f"ended the process: {describe(error)}", hint,
                     error.get("trace", ""))
-    return Case(name, Outcome.DIED, called, expected,
-                f"the process died (exit code {ended.get('exit_code')}) before answering",
-                "Something in your code ended the interpreter (os._exit, a crash, or the memory limit).")
+    if kind == "memory_limit":
+        return Case(name, Outcome.MEMORY_LIMIT, called, expected,
+                    f"killed by the memory limit ({CHILD_MEMORY_BYTES // 2**20} MiB per check process) before answering",
+                    "Something here holds far more in memory than it needs: a list that keeps growing, "
+                    "a whole file or stream read at once, a cache without a bound.")
+    code = ended.get("exit_code")
+    how = (f"was killed by {signal_name(-code)}" if isinstance(code, int) and code < 0
+           else f"exited with status {code}")
+    return Case(name, Outcome.DIED, called, expected, f"the process {how} before answering",
+                "Something in your code ended the interpreter (os._exit, a crash, a signal).")
+
+
+def signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 def import_cases(run: ChildRun, plans: list[Plan], timeout: float) -> list[Case]:
@@ -282,5 +297,8 @@ def import_problem(run: ChildRun, timeout: float) -> tuple[str, str, str]:
                 f"line {line} of {str(spots[-1].get('file', 'your module'))[:100]}" + (f": `{code}`" if code else ""),
                 "Code at the top level of a step cell runs every time your module is imported: keep loops "
                 "and waits inside functions.", "")
+    if run.memory_limit:
+        return (f"killed by the memory limit ({CHILD_MEMORY_BYTES // 2**20} MiB) while importing your module",
+                "Code at the top level of a step cell builds something huge: keep it inside functions.", "")
     return (f"the process died while importing your module (exit code {run.exit_code})",
             "Code at the top level of a step cell ran os._exit or crashed the interpreter.", "")

@@ -33,6 +33,7 @@ class Outcome(StrEnum):
     MISSING = "missing"  # the function is not defined in the module
     TIMED_OUT = "timed_out"
     DIED = "died"  # the process ended without reporting
+    MEMORY_LIMIT = "memory_limit"  # the sandbox's memory limit was hit and the kernel killed the process
     IMPORT_FAILED = "import_failed"
     NOT_REACHED = "not_reached"  # an earlier case hung or died
 

@@ -725,6 +725,8 @@ def _answer(reply: Any) -> tuple[str, str | None]:
             error = outcome.get("error") if isinstance(outcome.get("error"), dict) else {}
             return "error", f"the process running your receive stopped: {error.get('type')}: " \
                             f"{str(error.get('message'))[:300]}"
+        if kind == "memory_limit":
+            return "error", "the process running your receive was killed by the memory limit before it answered"
         return "error", f"the process running your receive ended (exit code {outcome.get('exit_code')}) " \
                         "before it answered"
     error = reply.get("error")

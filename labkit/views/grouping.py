@@ -37,7 +37,7 @@ from labkit.judge.verdict import Case, Outcome, StepVerdict
 # Cases that say nothing about the code by themselves: never the first row.
 QUIET = (Outcome.NOT_REACHED, Outcome.NOT_IMPLEMENTED, Outcome.MISSING)
 # Outcomes that often follow from another mistake (a hang after a wrong step, the process gone).
-LATE = (Outcome.TIMED_OUT, Outcome.DIED)
+LATE = (Outcome.TIMED_OUT, Outcome.DIED, Outcome.MEMORY_LIMIT)
 
 _QUOTED = re.compile(r"""b?'(?:[^'\\\n]|\\.)*'|b?"(?:[^"\\\n]|\\.)*\"""")
 _NUMBER = re.compile(r"(?<![A-Za-z_])[-+]?(?:\d[\d_,]*(?:\.\d+)?(?:e[-+]?\d+)?|nan|inf)(?![A-Za-z_])")

@@ -22,6 +22,7 @@ NUDGE = {
     Outcome.RAISED: "Your code raised an exception the contract does not call for: read the last line of your traceback first.",
     Outcome.TIMED_OUT: "Your code did not answer in time: something waits or loops without an end.",
     Outcome.DIED: "The process running your code ended before it could report.",
+    Outcome.MEMORY_LIMIT: "The process running your code used more memory than a check may, and was killed.",
     Outcome.IMPORT_FAILED: "Your module does not load, so no case could run.",
     Outcome.MISSING: "The check could not find this function in your module.",
     Outcome.NOT_IMPLEMENTED: "This step is still the skeleton.",
