@@ -137,10 +137,13 @@ def apply(patch: str, original: str, where: str = "the patch") -> str:
         if (len(old), len(new)) != (old_len, new_len):
             raise PatchError(f"{where}: hunk {number} ({head.group()}) is cut short")
         at = old_start - 1 if old_len else old_start  # an empty range names the line before it
-        if at < done or lines[at:at + old_len] != old:
-            got = "".join(lines[at:at + old_len]) if at >= done else f"(before the end of hunk {number - 1})"
-            raise PatchError(f"{where}: hunk {number} ({head.group()}) does not apply: the reference's lines "
-                             f"{old_start}-{old_start + old_len - 1} are\n{got}but the patch expects\n{''.join(old)}")
+        if at < done:
+            raise PatchError(f"{where}: hunk {number} ({head.group()}) starts before hunk {number - 1} ends")
+        if lines[at:at + old_len] != old:
+            n = next(n for n, line in enumerate(old) if lines[at + n:at + n + 1] != [line])
+            got = repr(lines[at + n]) if at + n < len(lines) else "past the end"
+            raise PatchError(f"{where}: hunk {number} ({head.group()}) does not apply: the reference's line "
+                             f"{at + n + 1} is {got}, the patch expects {old[n]!r}")
         out += lines[done:at]
         if new_len and new_start != len(out) + 1:
             raise PatchError(f"{where}: hunk {number} ({head.group()}) puts its lines at {new_start}, "
