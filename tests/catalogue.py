@@ -239,5 +239,8 @@ if __name__ == "__main__":
     adding.add_argument("lab")
     adding.add_argument("copy", type=Path, help="the reference with one mistake, first line the docstring")
     args = parser.parse_args()
-    print(f"wrote {add(args.lab, args.copy)} and its entry in {catalogue.data_file(coverage.CATALOGUE, args.lab)}",
-          file=sys.stderr)
+    try:
+        patch = add(args.lab, args.copy)
+    except (OSError, ValueError) as error:  # no such file, no docstring line, nothing changed
+        parser.exit(1, f"{parser.prog}: {error}\n")
+    print(f"wrote {patch} and its entry in {catalogue.data_file(coverage.CATALOGUE, args.lab)}", file=sys.stderr)

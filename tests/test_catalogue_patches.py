@@ -9,7 +9,8 @@ must fail here, by name, instead of quietly testing another mistake.
 from __future__ import annotations
 
 import pytest
-from catalogue import labs_with_wrong_solutions
+import toylab
+from catalogue import add, labs_with_wrong_solutions, wrong_file
 
 from labkit.judge import catalogue, coverage
 
@@ -115,3 +116,19 @@ def test_a_source_is_the_docstring_then_the_patched_reference(tmp_path):
     assert catalogue.Catalogue(tmp_path, "toy", [entry]).source(entry, REFERENCE) == docstring + "\n" + CHANGED
     assert catalogue.Catalogue(tmp_path, "toy", [entry], blank_line=False).source(entry, REFERENCE) == docstring + CHANGED
     assert catalogue.parse("mistake", docstring + "\n" + CHANGED) == (entry, "\n" + CHANGED)
+
+
+def test_add_turns_an_edited_copy_into_a_patch_and_an_entry(monkeypatch, tmp_path):
+    folder = toylab.install(monkeypatch, tmp_path / "course")
+    copy = tmp_path / "eleven_accepted.py"
+    copy.write_text('"""Wrong: accepts 11. Fails step 1. Clause: 1.range. Message: 0 to 10"""\n\n'
+                    + toylab.REFERENCE.replace("0 <= n <= 10", "0 <= n <= 11"))
+    patch = add("toy", copy)
+    assert patch == folder / "toy" / "eleven_accepted.patch"
+    assert catalogue.read(folder, "toy").entries == [catalogue.Wrong("eleven_accepted", "1", "1.range", "accepts 11",
+                                                                     "0 to 10")]
+    # the toy's catalogue has no blank line after the docstring: the built file follows the lab
+    assert wrong_file("toy", "eleven_accepted").read_text() == copy.read_text().replace('"""\n\n', '"""\n')
+    copy.write_text(copy.read_text().replace("0 <= n <= 11", "0 <= n <= 10"))
+    with pytest.raises(ValueError, match="the reference unchanged"):
+        add("toy", copy)
