@@ -1,9 +1,17 @@
-"""Reading the catalogues of wrong solutions (`tests/wrong_solutions/<lab>/*.py`), and running them once.
+"""The catalogues of wrong solutions as files to run, and running them once.
 
-Each file is a copy of the lab's reference with one realistic mistake, and starts with
-`\"\"\"Wrong: <mistake>. Fails step <N>. Clause: <id>. Message: <text the student must be told>\"\"\"`
-(the clause is the contract clause, `labkit.judge.contract`, whose case must catch it;
-`labkit.judge.coverage.DOCSTRING` is the one parser of that line).
+A wrong solution is the lab's reference with one realistic mistake, stored as a patch against
+the reference with its metadata in a data file (`tests/wrong_solutions/<lab>.toml` and
+`<lab>/<name>.patch`, read by `labkit.judge.catalogue`). The judge runs files, so `wrong_files(lab)`
+and `wrong_file(lab, name)` write each source to `build/wrong_solutions/<lab>/<name>.py` (gitignored):
+the line `\"\"\"Wrong: <mistake>. Fails step <N>. Clause: <id>. Message: <text the student must be
+told>\"\"\"` (the clause is the contract clause, `labkit.judge.contract`, whose case must catch
+it), then the patched reference. Several xdist workers build them at once at collection time:
+a file is written only when its content differs, to a temporary name renamed into place.
+
+To add a wrong solution: copy the reference (or a built file) with that first line, make the
+mistake, and run `python tests/catalogue.py add <lab> <copy.py>`: it writes the patch and the
+data file's entry (the same name again replaces it).
 
 Running the catalogue is the expensive part of the suite, so every test that needs a verdict
 asks `step_verdicts` (or `verdict`): ONE cache for the whole pytest session, keyed by (lab,
@@ -26,19 +34,21 @@ import fcntl
 import hashlib
 import os
 import pickle
+import sys
 import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
 
 from labkit import labs
-from labkit.judge.coverage import DOCSTRING
+from labkit.judge import catalogue, coverage
 from labkit.judge.run import run_lab
 from labkit.judge.verdict import LabVerdict, StepVerdict
 
 _STEPS: dict[tuple[str, str, int, str], StepVerdict] = {}
 _LOCK = threading.Lock()
 ROOT = Path(__file__).resolve().parents[1]
+BUILD = ROOT / "build" / "wrong_solutions"  # where the sources are written to be run (gitignored)
 CACHE_ENV = "LABKIT_TEST_VERDICT_CACHE"  # the session's shared directory (tests/conftest.py)
 LOCK_WAIT = 900.0  # s: the longest a worker waits for another's run of the same file and seed
 
@@ -54,11 +64,60 @@ STEPS_ENV = "LABKIT_CATALOGUE_STEPS"
 EXPLAIN = False
 
 
+def labs_with_wrong_solutions() -> list[str]:
+    """The registered labs that have a catalogue (a data file in `coverage.CATALOGUE`)."""
+    return [lab for lab in labs.available() if catalogue.data_file(coverage.CATALOGUE, lab).is_file()]
+
+
+def wrong_files(lab: str) -> list[Path]:
+    """Every wrong solution of `lab` as a file to run, in the data file's (name) order."""
+    return _build(lab)
+
+
+def wrong_file(lab: str, name: str) -> Path:
+    """The wrong solution `name` (the stem: "bool_qty") of `lab` as a file to run."""
+    found = _build(lab, name)
+    assert found, f"{coverage.CATALOGUE / lab}.toml has no wrong solution named {name!r}"
+    return found[0]
+
+
+def every_wrong_file() -> list[tuple[str, Path]]:
+    """(lab, file) of every wrong solution of every lab."""
+    return [(lab, file) for lab in labs_with_wrong_solutions() for file in wrong_files(lab)]
+
+
+def _build(lab: str, only: str | None = None) -> list[Path]:
+    wrong = catalogue.read(coverage.CATALOGUE, lab)
+    reference = coverage.reference(lab).read_text()
+    built = []
+    for one in wrong.entries:
+        if only in (None, one.name):
+            built.append(_write(BUILD / lab / f"{one.name}.py", wrong.source(one, reference).encode()))
+    return built
+
+
+def _write(target: Path, data: bytes) -> Path:
+    """Write `data` to `target` unless it is there already; readers never see half a file."""
+    if target.is_file() and target.read_bytes() == data:
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp.write_bytes(data)
+    tmp.replace(target)
+    return target
+
+
+def entry(path: Path) -> catalogue.Wrong:
+    """The data file's entry of a file that `wrong_files` or `wrong_file` wrote (<lab>/<name>.py)."""
+    lab, name = path.parent.name, path.stem
+    found = [e for e in catalogue.read(coverage.CATALOGUE, lab).entries if e.name == name]
+    assert found, f"{path} is not a wrong solution of {coverage.CATALOGUE / lab}.toml"
+    return found[0]
+
+
 def promise(path: Path) -> dict[str, str]:
-    """What a wrong solution's docstring says: the mistake, the failing step, the message."""
-    match = DOCSTRING.match(path.read_text())
-    assert match, f"{path.name} must start with '\"\"\"Wrong: ... Fails step N. Message: ...\"\"\"'"
-    return match.groupdict()
+    """What a wrong solution promises: the mistake, the failing step, the clause, the message."""
+    return entry(path).promise()
 
 
 def step_verdicts(lab: str, path: Path, steps: Iterable[int | str], seed: int = 1) -> dict[str, StepVerdict]:
@@ -141,7 +200,7 @@ def touched_definitions(path: Path, reference: Path) -> set[str]:
     for node in ast.parse(text).body:
         label = getattr(node, "name", None) or ast.unparse(getattr(node, "targets", [node])[0])
         spans.append((node.lineno, node.end_lineno, label))
-    body = DOCSTRING.sub("", path.read_text(), count=1).lstrip("\n").splitlines()
+    body = path.read_text().split("\n", 1)[1].lstrip("\n").splitlines()  # after the docstring line
     touched = set()
     matcher = difflib.SequenceMatcher(None, text.splitlines(), body, autojunk=False)
     for tag, i1, i2, _j1, _j2 in matcher.get_opcodes():
@@ -150,3 +209,38 @@ def touched_definitions(path: Path, reference: Path) -> set[str]:
         for line in range(i1 + 1, i2 + 1) if i2 > i1 else [i1]:  # 1-based; an insertion follows line i1
             touched |= {label for first, last, label in spans if first <= line <= last} or {f"line {line}"}
     return touched
+
+
+def add(lab: str, copy: Path) -> Path:
+    """Turn `copy` (the docstring line, then the reference with one mistake) into `lab`'s patch
+    `<stem>.patch` and data-file entry, replacing an entry of that name; returns the patch."""
+    mistake, code = catalogue.parse(copy.stem, copy.read_text())
+    folder, reference = coverage.CATALOGUE, coverage.reference(lab)
+    data = catalogue.data_file(folder, lab)
+    old = catalogue.read(folder, lab) if data.is_file() else catalogue.Catalogue(folder, lab, [])
+    new = catalogue.Catalogue(folder, lab, [e for e in old.entries if e.name != mistake.name] + [mistake],
+                              old.blank_line)
+    patch = new.patch_path(mistake.name)
+    patch.parent.mkdir(parents=True, exist_ok=True)
+    diff = catalogue.make_patch(reference.read_text(), code.lstrip("\n"), str(reference.relative_to(coverage.ROOT)))
+    if not diff:
+        raise ValueError(f"{copy} is the reference unchanged: no mistake to add")
+    patch.write_text(diff)
+    data.write_text(catalogue.dumps(new))
+    return patch
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python tests/catalogue.py", description="Add a wrong solution.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    adding = commands.add_parser("add", help="write COPY's patch and its entry in tests/wrong_solutions/LAB.toml")
+    adding.add_argument("lab")
+    adding.add_argument("copy", type=Path, help="the reference with one mistake, first line the docstring")
+    args = parser.parse_args()
+    try:
+        patch = add(args.lab, args.copy)
+    except (OSError, ValueError) as error:  # no such file, no docstring line, nothing changed
+        parser.exit(1, f"{parser.prog}: {error}\n")
+    print(f"wrote {patch} and its entry in {catalogue.data_file(coverage.CATALOGUE, args.lab)}", file=sys.stderr)

@@ -21,17 +21,28 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from catalogue import SEEDS, failures, promise, run_steps, step_verdicts, steps_to_run, verdict
+from catalogue import (
+    SEEDS,
+    every_wrong_file,
+    failures,
+    labs_with_wrong_solutions,
+    promise,
+    run_steps,
+    step_verdicts,
+    steps_to_run,
+    verdict,
+    wrong_file,
+)
 
-from labkit import labs, limits
+from labkit import limits
 from labkit.judge import coverage
 from labkit.judge.verdict import Outcome
 
 # Two seeds at a time: the runs are mostly CPU (children starting, Hypothesis), and five at once
 # on each xdist worker put a 2-core machine at load 15, where other modules' timed checks failed.
 SEED_THREADS = 2
-LABS = [lab for lab in labs.available() if (coverage.CATALOGUE / lab).is_dir()]
-WRONG = [(lab, path) for lab in LABS for path in sorted((coverage.CATALOGUE / lab).glob("*.py"))]
+LABS = labs_with_wrong_solutions()
+WRONG = every_wrong_file()
 
 
 def verdicts_by_seed(lab: str, path: Path) -> dict[int, dict]:
@@ -156,7 +167,7 @@ def test_a_seed_dependent_verdict_is_caught(monkeypatch, tmp_path):
     """A check that tries a category only under some seeds makes this test fail (toy lab)."""
     import toylab.lab
 
-    toylab.install(monkeypatch, tmp_path, {"float_accepted.py": toylab.wrong(
+    toylab.install(monkeypatch, tmp_path, {"float_accepted": toylab.wrong(
         "accepts a float", "1.type", "type(n) is not int", "type(n) not in (int, float)")})
     drawn = [case for case in toylab.lab.CASES if case[0] != "a float"]
 
@@ -164,7 +175,7 @@ def test_a_seed_dependent_verdict_is_caught(monkeypatch, tmp_path):
         return toylab.lab.check_cases(ctx, toylab.lab.CASES if ctx.rng.random() < 0.5 else drawn)
 
     monkeypatch.setattr(toylab.lab.LAB.steps[0], "run", check_half)
-    path = tmp_path / "wrong_solutions" / "toy" / "float_accepted.py"
+    path = wrong_file("toy", "float_accepted")
     problem = seed_problem("toy", path)
     assert problem is not None and "fails only under seed" in problem and "a float ('1.type',)" in problem, problem
 
@@ -174,7 +185,7 @@ def test_a_seed_dependent_hang_is_caught_also_after_the_second_run(monkeypatch, 
     import toylab.lab
 
     monkeypatch.setenv(limits.TIMEOUT_ENV, "2")
-    toylab.install(monkeypatch, tmp_path, {"float_hangs.py": toylab.wrong(
+    toylab.install(monkeypatch, tmp_path, {"float_hangs": toylab.wrong(
         "hangs on a float", "1.type", "    if type(n) is not int:", "    while type(n) is float:\n        pass\n"
         "    if type(n) is not int:")})
     drawn = [case for case in toylab.lab.CASES if case[0] != "a float"]
@@ -185,7 +196,7 @@ def test_a_seed_dependent_hang_is_caught_also_after_the_second_run(monkeypatch, 
         return toylab.lab.check_cases(ctx, toylab.lab.CASES if ctx.rng.random() < 0.5 else drawn)
 
     monkeypatch.setattr(toylab.lab.LAB.steps[0], "run", check_half)
-    problem = seed_problem("toy", tmp_path / "wrong_solutions" / "toy" / "float_hangs.py")
+    problem = seed_problem("toy", wrong_file("toy", "float_hangs"))
     assert problem is not None and "[timed_out]" in problem, problem
     assert len(runs) > len(SEEDS), "the timed-out seeds were not run a second time"
 
@@ -194,7 +205,7 @@ def test_a_child_that_ran_out_of_time_once_is_run_again(monkeypatch, tmp_path):
     """The machine, not the seed: seed 2's first run gets no time at all; its second run decides."""
     import toylab.lab
 
-    toylab.install(monkeypatch, tmp_path, {"float_accepted.py": toylab.wrong(
+    toylab.install(monkeypatch, tmp_path, {"float_accepted": toylab.wrong(
         "accepts a float", "1.type", "type(n) is not int", "type(n) not in (int, float)")})
     starved = []
 
@@ -205,5 +216,5 @@ def test_a_child_that_ran_out_of_time_once_is_run_again(monkeypatch, tmp_path):
         return toylab.lab.check_half(ctx)
 
     monkeypatch.setattr(toylab.lab.LAB.steps[0], "run", check_half)
-    assert seed_problem("toy", tmp_path / "wrong_solutions" / "toy" / "float_accepted.py") is None
+    assert seed_problem("toy", wrong_file("toy", "float_accepted")) is None
     assert starved == [SEEDS[1]]

@@ -15,10 +15,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from catalogue import wrong_file
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = ROOT / "solutions" / "worker.py"
-WRONG = ROOT / "tests" / "wrong_solutions" / "outbox"
 STEPS = [1, 2, 3, 4, 5, 6, 7, 8, "final"]
 LAB_KEYS = {"lab", "passed", "score", "max_score", "seconds", "seed", "steps"}
 STEP_KEYS = {"step", "title", "passed", "points", "max_points", "cases"}
@@ -103,7 +103,7 @@ def test_json_has_the_documented_keys(reference_run):
 
 
 def test_failing_solution_exits_1():
-    proc = labkit("check", "outbox", "--solution", WRONG / "bool_qty.py", "--step", 1, "--json")
+    proc = labkit("check", "outbox", "--solution", wrong_file("outbox", "bool_qty"), "--step", 1, "--json")
     assert proc.returncode == 1
     verdict = verdict_of(proc)
     assert verdict["passed"] is False and verdict["score"] == 0

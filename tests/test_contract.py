@@ -4,21 +4,23 @@ For each lab that declares its contract (`LabSpec.contract`):
 (a) every case in the reference's verdict (seed `coverage.SEED`) is tagged with at least one
     clause, and only with declared clauses;
 (b) every declared clause has at least one case in that verdict;
-(c) every declared clause has a wrong solution in tests/wrong_solutions/<lab>/ whose docstring
-    names it and whose verdict, on the step it names, has a failing case tagged with it;
+(c) every declared clause has a wrong solution in tests/wrong_solutions/<lab>.toml that names
+    it and whose verdict, on the step it names, has a failing case tagged with it;
 and docs/coverage.md is what `python -m labkit.judge.coverage` writes today.
 The toy lab (tests/toylab.py) proves that each rule fails when it is broken.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import toylab.lab
-from catalogue import promise, step_verdicts, verdict
+from catalogue import promise, step_verdicts, verdict, wrong_file
 
 from labkit import labs
+from labkit.judge import catalogue as wrong_solutions
 from labkit.judge import coverage
 
 LABS = coverage.contract_labs()
@@ -35,11 +37,11 @@ def reference_verdict(lab: str):
 
 
 def caught_by(lab: str, clause: str) -> tuple[list[str], list[str]]:
-    """(files whose docstring names `clause`, those among them whose promised step fails a case tagged with it)."""
+    """(files whose entry names `clause`, those among them whose promised step fails a case tagged with it)."""
     naming = [name for name, said in coverage.catalogue(lab).items() if said and said["clause"] == clause]
     caught = []
     for name in naming:
-        path = coverage.CATALOGUE / lab / name
+        path = wrong_file(lab, Path(name).stem)
         step = promise(path)["step"]
         failing = [c for c in step_verdicts(lab, path, [step], coverage.SEED)[step].cases if not c.passed]
         if any(clause in case.clauses for case in failing):
@@ -69,7 +71,7 @@ def test_every_clause_has_a_case(lab):
 @pytest.mark.parametrize(("lab", "clause"), CLAUSES, ids=[f"{lab}:{clause}" for lab, clause in CLAUSES])
 def test_every_clause_is_caught_by_a_wrong_solution(lab, clause):
     naming, caught = caught_by(lab, clause)
-    assert naming, f"no file in tests/wrong_solutions/{lab}/ names clause {clause} in its docstring"
+    assert naming, f"no wrong solution in tests/wrong_solutions/{lab}.toml names clause {clause}"
     assert caught, f"{naming} name clause {clause}, but none fails a case tagged with it on the step it names"
 
 
@@ -85,9 +87,9 @@ def test_coverage_document_is_up_to_date():
 @pytest.fixture
 def toy(monkeypatch, tmp_path) -> Path:
     catalogue = {
-        "bool_accepted.py": toylab.wrong("accepts True", "1.type", "type(n) is not int", "not isinstance(n, int)"),
-        "eleven_accepted.py": toylab.wrong("accepts 11", "1.range", "0 <= n <= 10", "0 <= n <= 11"),
-        "rounds_up.py": toylab.wrong("rounds up", "1.result", "return n // 2", "return (n + 1) // 2"),
+        "bool_accepted": toylab.wrong("accepts True", "1.type", "type(n) is not int", "not isinstance(n, int)"),
+        "eleven_accepted": toylab.wrong("accepts 11", "1.range", "0 <= n <= 10", "0 <= n <= 11"),
+        "rounds_up": toylab.wrong("rounds up", "1.result", "return n // 2", "return (n + 1) // 2"),
     }
     toylab.install(monkeypatch, tmp_path, catalogue)
     return tmp_path
@@ -127,7 +129,9 @@ def test_a_clause_whose_wrong_solution_is_caught_under_another_clause_is_not_cov
 
 
 def test_a_clause_no_wrong_solution_names_is_not_covered(toy):
-    (coverage.CATALOGUE / "toy" / "rounds_up.py").unlink()
+    toy_wrong = wrong_solutions.read(coverage.CATALOGUE, "toy")
+    kept = [entry for entry in toy_wrong.entries if entry.name != "rounds_up"]
+    wrong_solutions.data_file(coverage.CATALOGUE, "toy").write_text(wrong_solutions.dumps(replace(toy_wrong, entries=kept)))
     assert caught_by("toy", "1.result") == ([], [])
     table = coverage.lab_table(labs.load("toy"), reference_verdict("toy"), coverage.catalogue("toy"))
     assert "| `1.result` | returns n // 2 | 1: a plain int<br>1: an odd int, 7<br>1: the top of the range, 10 | **none** |" in table

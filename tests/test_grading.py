@@ -27,6 +27,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from catalogue import wrong_file
 
 from labkit import sandbox
 from labkit.grading import answers, gradebook
@@ -186,7 +187,7 @@ def graded(tmp_path_factory):
     entries = corpus.build(release, reference)
     victim = next(e for e in entries if e.student == hostile.VICTIM)
     victim.nb.cells.append(nbformat.v4.new_markdown_cell(f"My notes: {hostile.SECRET}"))
-    wrong_lock = (ROOT / "tests" / "wrong_solutions" / "outbox" / "write_lock_during_send.py").read_text()
+    wrong_lock = wrong_file("outbox", "write_lock_during_send").read_text()
     entries += hostile.build(release, reference, targets, wrong_lock=wrong_lock,
                              vending=corpus.default_sources(ROOT, "vending"))
     corpus.write(entries, subs, outside=tmp / "outside")

@@ -11,10 +11,8 @@ from __future__ import annotations
 import re
 
 import pytest
-from catalogue import promise, step_verdicts
+from catalogue import every_wrong_file, promise, step_verdicts, wrong_file
 
-from labkit import labs
-from labkit.judge import coverage
 from labkit.judge.differential import NOT_JUDGED
 from labkit.judge.verdict import Case, Outcome, StepVerdict
 from labkit.views import grouping, render_html, render_text
@@ -154,8 +152,7 @@ def test_raising_the_very_exception_the_contract_calls_for_is_not_called_uncalle
 # --- over the catalogue of wrong solutions ------------------------------------------------
 
 K = 3  # rows (causes) a wrong solution may show for its one mistake, besides cases that did not run
-LABS = [lab for lab in labs.available() if (coverage.CATALOGUE / lab).is_dir()]
-WRONG = [(lab, path) for lab in LABS for path in sorted((coverage.CATALOGUE / lab).glob("*.py"))]
+WRONG = every_wrong_file()
 # Files whose first row is about a sibling clause of the same mistake, with why that is right.
 SIBLING_FIRST = {
     "outbox:accept_body_as_given": "storing the body as given is caught first by the stored body itself "
@@ -243,7 +240,7 @@ def test_every_sibling_first_file_exists():
 
 
 def test_validate_event_cases_show_each_call_as_a_call():
-    path = coverage.CATALOGUE / "outbox" / "bool_qty.py"
+    path = wrong_file("outbox", "bool_qty")
     step = step_verdicts("outbox", path, ["1"], seed=1)["1"]
     several = [c.called for c in step.cases if "calls)" in c.name]
     assert several and all(re.fullmatch(r"validate_event\(.*\)(; validate_event\(.*\))+(; …)?", c) for c in several), several

@@ -22,6 +22,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
+from catalogue import wrong_file
 
 from labkit import sandbox
 from labkit.sandbox import reaper
@@ -48,7 +49,6 @@ needs_release = pytest.mark.skipif(SOURCES is None, reason="no released lab note
 pytestmark = [needs_release, pytest.mark.slow, pytest.mark.timeout(900)]
 
 UIDS = GRADER_UID + 50  # this batch's block: the first corpus's batch uses the 50 below it
-WRONG_MARK = ROOT / "tests" / "wrong_solutions" / "outbox" / "mark_before_send.py"
 GUARDED = ("checks", "solutions", "notebooks")  # what the deputies aim at (the rest of the tree is others' work)
 
 
@@ -65,7 +65,7 @@ def batch(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("hostile2")
     subs, out, token = tmp / "submissions", tmp / "out", uuid.uuid4().hex
     targets = hostile.Targets(ROOT, subs, out, Path.home(), Path(sys.prefix))
-    wrong_mark = WRONG_MARK.read_text()
+    wrong_mark = wrong_file("outbox", "mark_before_send").read_text()
     entries = hostile2.build(release, reference, targets, wrong_mark=wrong_mark)
     hostile2.write(entries, subs)
     escape_places = [*targets.escape_dirs(), Path(tempfile.gettempdir()), ROOT / "checks", ROOT / "checks" / "outbox"]

@@ -18,7 +18,13 @@ import importlib.util
 from pathlib import Path
 
 import pytest
-from catalogue import SEEDS, step_verdicts, steps_to_run
+from catalogue import (
+    SEEDS,
+    every_wrong_file,
+    labs_with_wrong_solutions,
+    step_verdicts,
+    steps_to_run,
+)
 
 from labkit import labs
 from labkit.judge import coverage
@@ -26,8 +32,8 @@ from labkit.judge.run import LabSpec, StepSpec, run_lab
 from labkit.judge.verdict import course_faults
 
 ROOT = Path(__file__).resolve().parents[1]
-LABS = [lab for lab in labs.available() if (coverage.CATALOGUE / lab).is_dir()]
-WRONG = [(lab, path) for lab in LABS for path in sorted((coverage.CATALOGUE / lab).glob("*.py"))]
+LABS = labs_with_wrong_solutions()
+WRONG = every_wrong_file()
 MUTANTS_PER_LAB = 6
 
 

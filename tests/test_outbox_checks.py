@@ -1,7 +1,8 @@
 """Lab `outbox`'s checks: the reference passes, every catalogued mistake fails where it should.
 
-Each file in `wrong_solutions/outbox/` is a copy of `solutions/worker.py` with one realistic
-mistake, and says in its docstring which step must fail and what the student must be told.
+Each wrong solution (`tests/wrong_solutions/outbox.toml`, built by tests/catalogue.py) is
+`solutions/worker.py` with one realistic mistake (`outbox/<name>.patch`), and says in its
+docstring which step must fail and what the student must be told.
 """
 
 from __future__ import annotations
@@ -10,14 +11,14 @@ import json
 from pathlib import Path
 
 import pytest
-from catalogue import by_step, failures, promise, step_verdicts, touched_definitions
+from catalogue import by_step, failures, promise, step_verdicts, touched_definitions, wrong_files
 
 from labkit import labs
 from labkit.judge.run import run_lab
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = ROOT / "solutions" / "worker.py"
-WRONG = sorted((ROOT / "tests" / "wrong_solutions" / "outbox").glob("*.py"))
+WRONG = wrong_files("outbox")
 SEED = 1
 
 SKELETON = '''\
@@ -83,10 +84,10 @@ def test_the_catalogue_is_complete():
 
 @pytest.mark.parametrize("path", WRONG, ids=[p.stem for p in WRONG])
 def test_wrong_solution_is_the_reference_with_one_mistake(path):
-    """A stale copy could fail for reasons of its own: then copy solutions/worker.py again."""
+    """A patch that changes more than its mistake could fail for reasons of its own."""
     touched = touched_definitions(path, REFERENCE)
-    assert len(touched) == 1, (f"{path.name} differs from solutions/worker.py in {sorted(touched)}: copy the "
-                               "reference again and re-apply the one mistake")
+    assert len(touched) == 1, (f"{path.name} differs from solutions/worker.py in {sorted(touched)}: keep "
+                               f"tests/wrong_solutions/outbox/{path.stem}.patch to the one mistake")
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])

@@ -2,9 +2,10 @@
 where it should with the message and the clause it promises, the skeleton is "not implemented"
 everywhere, and the final check's evidence is the judge's own.
 
-Each file in `wrong_solutions/relay/` is a copy of `solutions/relay.py` with one realistic
-mistake, and says in its docstring which step must fail, which contract clause catches it and
-what the student must be told.
+Each wrong solution (`tests/wrong_solutions/relay.toml`, built by tests/catalogue.py) is
+`solutions/relay.py` with one realistic mistake (`relay/<name>.patch`), and says in its
+docstring which step must fail, which contract clause catches it and what the student must be
+told.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from catalogue import failures, promise, step_verdicts, touched_definitions, verdict
+from catalogue import failures, promise, step_verdicts, touched_definitions, verdict, wrong_files
 
 from checks.relay.contract import CLAUSES
 from labkit import labs
@@ -24,7 +25,7 @@ from labkit.notebook.module_export import assemble
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = ROOT / "solutions" / "relay.py"
 LESSON = ROOT / "notebooks" / "source" / "03-relay.md"
-WRONG = sorted((ROOT / "tests" / "wrong_solutions" / "relay").glob("*.py"))
+WRONG = wrong_files("relay")
 SEED = 1
 
 # Every pitfall the contract says the checks must catch, by the file that makes it.
@@ -60,10 +61,10 @@ def test_the_catalogue_is_complete():
 
 @pytest.mark.parametrize("path", WRONG, ids=[p.stem for p in WRONG])
 def test_wrong_solution_is_the_reference_with_one_mistake(path):
-    """A stale copy could fail for reasons of its own: then copy solutions/relay.py again."""
+    """A patch that changes more than its mistake could fail for reasons of its own."""
     touched = touched_definitions(path, REFERENCE)
-    assert len(touched) == 1, (f"{path.name} differs from solutions/relay.py in {sorted(touched)}: copy the "
-                               "reference again and re-apply the one mistake")
+    assert len(touched) == 1, (f"{path.name} differs from solutions/relay.py in {sorted(touched)}: keep "
+                               f"tests/wrong_solutions/relay/{path.stem}.patch to the one mistake")
 
 
 # --- the reference ------------------------------------------------------------------------

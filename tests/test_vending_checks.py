@@ -1,8 +1,9 @@
 """Lab `vending`'s checks: the reference passes, every catalogued mistake fails where it should,
 and modules that do not load, hang or die get a clear verdict instead of a traceback.
 
-Each file in `wrong_solutions/vending/` is a copy of `solutions/client.py` with one realistic
-mistake, and says in its docstring which step must fail and what the student must be told.
+Each wrong solution (`tests/wrong_solutions/vending.toml`, built by tests/catalogue.py) is
+`solutions/client.py` with one realistic mistake (`vending/<name>.patch`), and says in its
+docstring which step must fail and what the student must be told.
 """
 
 from __future__ import annotations
@@ -18,7 +19,15 @@ from pathlib import Path
 
 import psutil
 import pytest
-from catalogue import by_step, failures, promise, step_verdicts, touched_definitions
+from catalogue import (
+    by_step,
+    failures,
+    promise,
+    step_verdicts,
+    touched_definitions,
+    wrong_file,
+    wrong_files,
+)
 
 from labkit import labs
 from labkit.judge.run import LabSpec, run_lab
@@ -29,7 +38,7 @@ from labkit.notebook.module_export import assemble
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = ROOT / "solutions" / "client.py"
 LESSON = ROOT / "notebooks" / "source" / "02-vending.md"
-WRONG = sorted((ROOT / "tests" / "wrong_solutions" / "vending").glob("*.py"))
+WRONG = wrong_files("vending")
 SEED = 1
 
 # The mistakes the lab's issue asks the checks to catch, by the file that makes each one.
@@ -94,10 +103,10 @@ def test_the_catalogue_is_complete(lab):
 
 @pytest.mark.parametrize("path", WRONG, ids=[p.stem for p in WRONG])
 def test_wrong_solution_is_the_reference_with_one_mistake(path):
-    """A stale copy could fail for reasons of its own: then copy solutions/client.py again."""
+    """A patch that changes more than its mistake could fail for reasons of its own."""
     touched = touched_definitions(path, REFERENCE)
-    assert len(touched) == 1, (f"{path.name} differs from solutions/client.py in {sorted(touched)}: copy the "
-                               "reference again and re-apply the one mistake")
+    assert len(touched) == 1, (f"{path.name} differs from solutions/client.py in {sorted(touched)}: keep "
+                               f"tests/wrong_solutions/vending/{path.stem}.patch to the one mistake")
 
 
 # --- the reference ------------------------------------------------------------------------
@@ -171,8 +180,7 @@ def test_a_fault_that_did_not_happen_is_not_claimed(lab, tmp_path):
 
 @pytest.mark.parametrize("name", ["resume_minus_one", "store_wiped_on_open"])
 def test_final_exposes_a_client_that_forgets_its_cursor(lab, name):
-    final = run_lab(lab, ROOT / "tests" / "wrong_solutions" / "vending" / f"{name}.py",
-                    steps=["final"], seed=SEED).steps[0]
+    final = run_lab(lab, wrong_file("vending", name), steps=["final"], seed=SEED).steps[0]
     resume = next(c for c in final.cases if c.name == "client #2 resumes from the saved cursor")
     assert not resume.passed
     assert "the feed saw RESUME -1 from the new process: read `last` from the store, never reset it" in resume.hint

@@ -20,7 +20,7 @@ from pathlib import Path
 from unittest.mock import patch
 
 import pytest
-from catalogue import failures
+from catalogue import failures, wrong_file
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -36,7 +36,6 @@ from labkit.values import decode
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = ROOT / "solutions" / "client.py"
-WRONG = ROOT / "tests" / "wrong_solutions" / "vending"
 COURSE_BLAME = re.compile(r"checker itself failed|bug in the course|labkit/feed|course's feed", re.I)
 
 
@@ -197,7 +196,7 @@ _probes.peek = lambda db: {"last": 10**9, "total": 0, "ledger": []}  # "everythi
 def test_an_ack_before_the_commit_is_caught_by_the_feed_even_when_the_child_is_fooled(lab, tmp_path):
     """The student's module patches the probe's own view of the store; the feed's own journal still
     shows an ACK for a line whose commit the judge made impossible."""
-    source = (WRONG / "ack_before_commit.py").read_text().split('"""\n', 1)[1]
+    source = wrong_file("vending", "ack_before_commit").read_text().split('"""\n', 1)[1]
     module = tmp_path / "client.py"
     module.write_text(CHEAT + source)
     step = run_lab(lab, module, steps=[6], seed=1).steps[0]
@@ -243,7 +242,7 @@ def test_closing_the_connection_it_was_given_is_a_verdict_not_a_probe_crash(lab,
 
 
 def test_a_closed_connection_from_open_store_is_named(lab):
-    step = run_lab(lab, WRONG / "store_closed_before_return.py", steps=[2], seed=1).steps[0]
+    step = run_lab(lab, wrong_file("vending", "store_closed_before_return"), steps=[2], seed=1).steps[0]
     text = failures(step)
     assert "returned a connection that was already closed" in text
     assert "sys.exit" not in text and not COURSE_BLAME.search(text)
@@ -270,7 +269,7 @@ def test_the_refusing_port_refuses_and_no_feed_gets_it_while_held():
 def test_before_ack_before_the_commit_fails_the_kill_and_stops_there(lab):
     """Issue 10: the ladder printed '{kill}', 'dies after the commit' passed with nothing
     committed, and the timeline claimed a duplicate the ledger never held."""
-    final = run_lab(lab, WRONG / "hook_before_commit.py", steps=["final"], seed=1).steps[0]
+    final = run_lab(lab, wrong_file("vending", "hook_before_commit"), steps=["final"], seed=1).steps[0]
     first, *later = final.cases
     assert first.outcome is Outcome.WRONG and "seq 1 was not committed" in first.got
     assert first.clauses == ("final.dies-after-commit",)
@@ -287,7 +286,7 @@ def test_before_ack_before_the_commit_fails_the_kill_and_stops_there(lab):
 
 
 def test_an_ack_before_before_ack_is_the_clients_fault_not_the_feeds(lab):
-    final = run_lab(lab, WRONG / "hook_after_ack.py", steps=["final"], seed=1).steps[0]
+    final = run_lab(lab, wrong_file("vending", "hook_after_ack"), steps=["final"], seed=1).steps[0]
     first = final.cases[0]
     assert "the feed received ACK 1 from client #1 before it died in before_ack(1)" in first.got
     assert not COURSE_BLAME.search(failures(final))
@@ -306,7 +305,7 @@ def test_the_final_check_always_kills_at_seq_1(lab, seed):
 def test_got_lines_print_no_python_lists(lab):
     """Issue 10: 'the feed sent [0]' → readable text."""
     for name, steps in (("old_lines_skipped", ["final"]), ("ack_before_commit", [6]), ("before_ack_not_passed", [7])):
-        verdict = run_lab(lab, WRONG / f"{name}.py", steps=steps, seed=1)
+        verdict = run_lab(lab, wrong_file("vending", name), steps=steps, seed=1)
         for step in verdict.steps:
             for case in step.cases:
                 assert not re.search(r"(sent|ACKs? for|ACKed) \[", case.got), case.got

@@ -1,10 +1,11 @@
 """Which contract clause each case tries, and which wrong solution proves each clause is caught.
 
 For every lab that declares a contract (`LabSpec.contract`, `labkit.judge.contract`), the
-reference's verdict at a fixed seed says which cases exercise which clause; the docstrings of
-`tests/wrong_solutions/<lab>/*.py` say which clause each mistake breaks. This module finds
-what breaks the rules on the reference's verdict, and writes the table
-published as docs/coverage.md (reference runs and docstring reads only: no catalogue runs).
+reference's verdict at a fixed seed says which cases exercise which clause; the catalogue's
+data file `tests/wrong_solutions/<lab>.toml` (`labkit.judge.catalogue`) says which clause each
+mistake breaks. This module finds what breaks the rules on the reference's verdict, and writes
+the table published as docs/coverage.md (reference runs and data-file reads only: no catalogue
+runs).
 tests/test_contract.py holds the rules: every case tagged with declared clauses
 (`tag_problems`), every clause exercised (`clauses_without_case`), every clause broken by a
 wrong solution whose run fails a case tagged with it.
@@ -16,30 +17,19 @@ wrong solution whose run fails a case tagged with it.
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 
 from labkit import labs
+from labkit.judge import catalogue as wrong_solutions
 from labkit.judge.run import LabSpec, run_lab
 from labkit.judge.verdict import LabVerdict
 
 ROOT = Path(__file__).resolve().parents[2]
 SEED = 1  # the reference's verdict at this seed names the cases in the table
-CATALOGUE = ROOT / "tests" / "wrong_solutions"
+CATALOGUE = ROOT / "tests" / "wrong_solutions"  # <lab>.toml and <lab>/<name>.patch
 DOCUMENT = ROOT / "docs" / "coverage.md"
-# How every wrong solution starts (tests/catalogue.py reads it the same way). The clause part
-# is optional only for files written before clauses existed.
-DOCSTRING = re.compile(r'\A"""Wrong: (?P<mistake>.+?)\. Fails step (?P<step>\d+|final)\. '
-                       r'(?:Clause: (?P<clause>(?:\d+|final)\.[a-z0-9-]+)\. )?'
-                       r'Message: (?P<message>.+?)"""\n', re.S)
-
-
-def promise(path: Path) -> dict[str, str] | None:
-    """What a wrong solution's docstring says (mistake, step, clause, message), or None."""
-    match = DOCSTRING.match(path.read_text())
-    return match.groupdict() if match else None
 
 
 def contract_labs() -> list[str]:
@@ -51,10 +41,11 @@ def reference(lab: str) -> Path:
     return ROOT / "solutions" / labs.manifest(lab).module_file
 
 
-def catalogue(lab: str) -> dict[str, dict[str, str] | None]:
-    """File name → its docstring's promise (None when the docstring does not parse)."""
-    folder = CATALOGUE / lab
-    return {path.name: promise(path) for path in sorted(folder.glob("*.py"))} if folder.is_dir() else {}
+def catalogue(lab: str) -> dict[str, dict[str, str]]:
+    """File name (<name>.py, as tests/catalogue.py builds it) → what its entry promises."""
+    if not wrong_solutions.data_file(CATALOGUE, lab).is_file():
+        return {}
+    return {f"{entry.name}.py": entry.promise() for entry in wrong_solutions.read(CATALOGUE, lab).entries}
 
 
 def cases_by_clause(spec: LabSpec, verdict: LabVerdict) -> dict[str, list[str]]:
@@ -121,9 +112,10 @@ def document(verdicts: Mapping[str, LabVerdict]) -> str:
             "this file drifts from what the checks and the catalogue say.",
             "",
             "Each clause is one rule of the lab's contract. *Cases* are the reference's verdict at "
-            f"seed {SEED} (a seed adds random cases, never removes one); *wrong solutions* are files "
-            "in `tests/wrong_solutions/<lab>/` whose docstring names the clause (a test runs each and "
-            "checks that a case tagged with that clause fails).",
+            f"seed {SEED} (a seed adds random cases, never removes one); *wrong solutions* are the "
+            "entries of `tests/wrong_solutions/<lab>.toml` that name the clause, each the reference with "
+            "one mistake (`<lab>/<name>.patch`; a test runs each and checks that a case tagged with that "
+            "clause fails).",
             ""]
     if not verdicts:
         return "\n".join([*head, "No lab declares its contract clauses yet.", ""])

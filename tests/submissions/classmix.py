@@ -6,7 +6,7 @@ with quiz answers (`work/quiz-<lab>.json`, as the quiz widget writes them) and s
 step's reference revealed (`work/revealed-<lab>.json`, or only the tagged output the reveal
 cell leaves in the notebook). Labs are discovered, not listed: every lab that has a released
 notebook, a labelled reference module and a catalogue of wrong solutions
-(`tests/wrong_solutions/<lab>/`) takes part, so lab 03 joins when it lands.
+(`tests/wrong_solutions/<lab>.toml`) takes part, so lab 03 joins when it lands.
 
 Each notebook is one of:
 
@@ -14,8 +14,8 @@ Each notebook is one of:
 - **partial**: a random set of steps closed under "builds on" (`StepSpec.requires`, and a
   helper another step's cell defines: `code_requires`), the other cells left as the skeleton;
 - **skeleton**: the release, untouched;
-- **wrong**: one wrong solution of the catalogue. Its step N (the one its docstring names)
-  comes from the wrong file; every step that builds on N is left as the skeleton (so what
+- **wrong**: one wrong solution of the catalogue. Its step N (the one its entry names)
+  comes from the wrong code (the reference with the entry's patch); every step that builds on N is left as the skeleton (so what
   it would do with the broken step N is not a question; the final check, which has no cell,
   gets one more of its bases left as the skeleton, so it cannot pass: `beyond_doubt`; whether
   it then fails or is not started depends on which it meets first, so `Known.unsure` says
@@ -23,7 +23,7 @@ Each notebook is one of:
 
 `Known` says, from this construction alone and without running anything, what each notebook
 must get: which steps pass, which fail with a mistake, which are not started, which clause
-the mistake breaks (the wrong file's docstring), the quiz answers and the revealed steps. The
+the mistake breaks (the wrong solution's entry), the quiz answers and the revealed steps. The
 report test and `benchmarks/class_run.py` count from these, never from the report's code.
 """
 
@@ -78,28 +78,23 @@ class Lab:
 def labs(root: Path = ROOT) -> list[Lab]:
     """Every lab with a release, a labelled reference and a catalogue of wrong solutions."""
     from labkit import labs as known
-    from labkit.judge.coverage import DOCSTRING
+    from labkit.judge import catalogue
 
     found = []
     for name in known.available():
         sources = corpus.default_sources(root, name)
-        folder = CATALOGUE / name
-        if sources is None or not folder.is_dir():
+        if sources is None or not catalogue.data_file(CATALOGUE, name).is_file():
             continue
         release, reference = sources
         parts = corpus.reference_parts(reference)
         spec = known.load(name)
         wrong = []
-        for path in sorted(folder.glob("*.py")):
-            text = path.read_text()
-            said = DOCSTRING.match(text)
-            if said is None:
-                continue
-            theirs = corpus.reference_parts(DOCSTRING.sub("", text, count=1))
-            step = said.group("step")
+        mistakes = catalogue.read(CATALOGUE, name)
+        for entry in mistakes.entries:
+            theirs = corpus.reference_parts(mistakes.body(entry, reference))
             # Only a mistake confined to its own step's cell can be put into a notebook alone.
-            if {p for p in parts.keys() | theirs.keys() if parts.get(p) != theirs.get(p)} == {step}:
-                wrong.append((path.name, step, said.group("clause") or "", theirs[step]))
+            if {p for p in parts.keys() | theirs.keys() if parts.get(p) != theirs.get(p)} == {entry.step}:
+                wrong.append((f"{entry.name}.py", entry.step, entry.clause, theirs[entry.step]))
         filename = next(p.name for p in sorted((root / "notebooks").glob("*.ipynb"))
                         if nbformat.read(p, as_version=4).metadata.get("labkit", {}).get("lab") == name)
         requires = {str(s.step): {str(r) for r in s.requires} for s in spec.steps}

@@ -561,7 +561,7 @@ def _payload(con):
 # --- the corpus -----------------------------------------------------------------------------------
 
 def build(release: NotebookNode, reference: str, targets: Targets, *, wrong_mark: str) -> list[Hostile]:
-    """`wrong_mark`: tests/wrong_solutions/outbox/mark_before_send.py (fails steps 7 and final)."""
+    """`wrong_mark`: the wrong solution outbox/mark_before_send (fails steps 7 and final)."""
     parts = reference_parts(reference)
     steps = [p for p in parts if p != "header"]
     wit = witnessed(steps)
