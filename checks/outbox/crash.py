@@ -9,6 +9,7 @@ from checks.outbox import db
 from checks.outbox.common import event, flags_text, listing, name, outcome_text, told
 from checks.outbox.dispatch import MARK_BEFORE_SEND
 from checks.outbox.send import NETWORK_HINT
+from labkit.judge import timeline
 from labkit.judge.expect import (
     Miss,
     Plan,
@@ -52,30 +53,19 @@ def check_crash(ctx: StepContext) -> list[Case]:
 
 
 def _timeline_process(ctx, label, run, hook=None):
-    ctx.evidence.timeline.append({"t": run.started_at, "actor": label, "kind": "start", "text": "process started"})
-    for note in run.messages():
+    def ack(note):
         if note.get("kind") == "hook":
-            ctx.evidence.timeline.append({"t": _when(note, run), "actor": label, "kind": "ack",
-                                          "text": f"ACK for {told(note.get('id'))} verified; after_delivery reached: "
-                                                  "the judge kills the process there"})
-    if hook is not None:
-        ctx.evidence.timeline.append({"t": run.ended_at, "actor": label, "kind": "killed", "text": KILLED_TEXT})
-    else:
-        ctx.evidence.timeline.append({"t": run.ended_at, "actor": label, "kind": "exit",
-                                      "text": f"exit code {run.exit_code}"})
+            return "ack", (f"ACK for {told(note.get('id'))} verified; after_delivery reached: "
+                           "the judge kills the process there")
+        return None
 
-
-def _when(note, run) -> float:
-    """The time a child wrote in its note, if it is a number within the run (else the run's end)."""
-    t = note.get("t")
-    return t if isinstance(t, (int, float)) and not isinstance(t, bool) and run.started_at <= t <= run.ended_at \
-        else run.ended_at
+    ctx.evidence.timeline.extend(timeline.process(label, run, ack, killed=hook is not None))
 
 
 def _timeline_requests(ctx, requests, seen):
     for r in requests[seen:]:
-        ctx.evidence.timeline.append({"t": r.get("t_start", 0), "actor": "warehouse", "kind": r.get("outcome", "?"),
-                                      "text": f"POST {r.get('id')} → {r.get('outcome')}, response: {r.get('response')}"})
+        ctx.evidence.timeline.append(timeline.event(r.get("t_start", 0), "warehouse", r.get("outcome", "?"),
+                                                    f"POST {r.get('id')} → {r.get('outcome')}, response: {r.get('response')}"))
     return len(requests)
 
 
@@ -91,9 +81,9 @@ def _sink_text(sink: Path) -> str:
 def _snapshot(ctx, t, source, sink, event_id):
     flags = db.sent_flags(source)
     state = flags_text(flags, [event_id]) if isinstance(flags, dict) else str(flags)
-    ctx.evidence.timeline.append({"t": t, "actor": "source DB", "kind": "snapshot", "text": state})
+    ctx.evidence.timeline.append(timeline.event(t, "source DB", "snapshot", state))
     if sink.exists():
-        ctx.evidence.timeline.append({"t": t, "actor": "sink DB", "kind": "snapshot", "text": _sink_text(sink)})
+        ctx.evidence.timeline.append(timeline.event(t, "sink DB", "snapshot", _sink_text(sink)))
 
 
 def _receive_failures(requests: list[dict]) -> str:
@@ -143,7 +133,7 @@ def _process_problem(run, expected: str, requests: list[dict] = ()) -> Miss:
 def _killed_after_ack(ctx, spawn_warehouse) -> list[Case]:
     source = db.make_source(ctx.path("source.db"), [SNACK])
     sink, log = ctx.path("sink.db"), ctx.path("warehouse.jsonl")
-    ctx.evidence.ladder.append({"rung": "in orders", "observed": "yes: snack-7 accepted before the run", "when": "start"})
+    ctx.evidence.ladder.append(timeline.rung("in orders", "yes: snack-7 accepted before the run", "start"))
     wh = spawn_warehouse(ctx.solution, sink, log, ctx.workdir, marker=ctx.marker())
     try:
         url = wh.url
@@ -180,14 +170,14 @@ def _killed_after_ack(ctx, spawn_warehouse) -> list[Case]:
     state = Case("after the crash: pending in the source, applied in the warehouse", Outcome.PASSED,
                  "the judge reads both DB files", "snack-7 pending; stock snack 7; inbox has snack-7",
                  clauses=("final.pending-after-crash", "final.applied-before-crash"))
-    ctx.evidence.ladder.append({"rung": "pending in outbox", "observed": "yes" if flag == 0 else f"no (sent = {flag})",
-                                "when": "after publisher #1 died"})
+    ctx.evidence.ladder.append(timeline.rung("pending in outbox", "yes" if flag == 0 else f"no (sent = {flag})",
+                                             "after publisher #1 died"))
     applied = isinstance(inbox_after, list) and "snack-7" in inbox_after
-    ctx.evidence.ladder.append({"rung": "in the warehouse inbox", "observed": "yes" if applied else "no",
-                                "when": "after publisher #1 died"})
-    ctx.evidence.ladder.append({"rung": "ACK returned to the publisher",
-                                "observed": "yes: after_delivery ran, and it runs only after a True ACK" if hooked else "no",
-                                "when": "just before the kill"})
+    ctx.evidence.ladder.append(timeline.rung("in the warehouse inbox", "yes" if applied else "no",
+                                             "after publisher #1 died"))
+    ctx.evidence.ladder.append(timeline.rung("ACK returned to the publisher",
+                                             "yes: after_delivery ran, and it runs only after a True ACK" if hooked
+                                             else "no", "just before the kill"))
     if died.passed:
         if flag != 0:
             state.outcome, state.got, state.hint = Outcome.WRONG, f"snack-7 is {flags_text({'snack-7': flag})}" \
@@ -207,8 +197,8 @@ def _killed_after_ack(ctx, spawn_warehouse) -> list[Case]:
     final_flags = db.sent_flags(source)
     final_flag = final_flags.get("snack-7") if isinstance(final_flags, dict) else final_flags
     final_stock = db.stock(sink) if sink.exists() else {}
-    ctx.evidence.ladder.append({"rung": "sent saved", "observed": f"after #1: {'no' if flag == 0 else 'yes'}; "
-                                f"after #2: {'yes' if final_flag == 1 else 'no'}", "when": "after each process"})
+    ctx.evidence.ladder.append(timeline.rung("sent saved", f"after #1: {'no' if flag == 0 else 'yes'}; "
+                                             f"after #2: {'yes' if final_flag == 1 else 'no'}", "after each process"))
     record = second.cases().get("dispatch")
     if not died.passed:
         resent.outcome, resent.got = Outcome.NOT_REACHED, "not checked: publisher #1 did not die at the hook"
