@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import string
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +35,7 @@ from labkit.judge.expect import (
     under,
     value_of,
 )
-from labkit.judge.run import StepContext
+from labkit.judge.run import StepContext, together
 from labkit.judge.verdict import Case, Outcome
 from labkit.judge.witness import Witness
 from labkit.values import encode, show
@@ -155,10 +154,10 @@ class CallSteps:
         with self.witness:
             if beside is None:
                 return self.ctx.cases("on_connection", self.plans, {"calls": self.specs, "witness": self.witness.url})
-            with ThreadPoolExecutor(2) as pool:
-                other = pool.submit(beside.run)
-                mine = self.ctx.cases("on_connection", self.plans, {"calls": self.specs, "witness": self.witness.url})
-                return mine + after_plain(mine, other.result())
+            mine, other = together([
+                lambda: self.ctx.cases("on_connection", self.plans, {"calls": self.specs, "witness": self.witness.url}),
+                beside.run])
+            return mine + after_plain(mine, other)
 
 
 INTERLEAVED_NOTE = "not judged: the cases above fail; fix them first (these try the same calls with another writer or a fault)"

@@ -5,17 +5,14 @@ from __future__ import annotations
 import random
 import string
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from checks.outbox import db
 from labkit.judge.expect import (
     TRANSACTION_HINT,
     Miss,
-    Plan,
     describe,
 )
-from labkit.judge.run import StepContext
 from labkit.judge.verdict import Case, Outcome
 from labkit.judge.witness import Witness
 from labkit.values import Opaque, decode, show
@@ -90,26 +87,6 @@ def writable_after(witness: Witness, case: str, hint: str = TRANSACTION_HINT) ->
     return check
 
 
-
-
-def cases_side_by_side(ctx: StepContext, probe: str, groups: list[tuple[list[Plan], dict]],
-                       env: dict[str, str] | None = None) -> list[Case]:
-    """Run each group of plans in its own child, side by side: each child gets the step's whole
-    time budget, so a step with many cases keeps the margin one child had on a busy machine.
-    Cases come back in the order of the groups' plans."""
-    with ThreadPoolExecutor(len(groups)) as pool:
-        runs = [pool.submit(ctx.cases, probe, plans, args, env=env) for plans, args in groups]
-        found = {case.name: case for run in runs for case in run.result()}
-    return [found[plan.name] for plans, _ in groups for plan in plans]
-
-
-def slices(count: int, size: int) -> list[slice]:
-    """`count` items cut into runs of at most `size`, as even as possible: one child per run, so a
-    long step keeps on a busy machine the margin a short one has (each child gets the step's
-    whole time budget, and the runs share the cores)."""
-    parts = max(1, -(-count // size))
-    bounds = [round(k * count / parts) for k in range(parts + 1)]
-    return [slice(a, b) for a, b in zip(bounds, bounds[1:], strict=False) if b > a] or [slice(0, 0)]
 
 
 DRAWN_NOTE = "not judged: the fixed cases above fail; fix them first"

@@ -11,13 +11,11 @@ from typing import Any
 from checks.outbox import db
 from checks.outbox.common import (
     Check,
-    cases_side_by_side,
     event,
     flags_text,
     listing,
     name,
     outcome_text,
-    slices,
     told,
     value_text,
 )
@@ -30,7 +28,7 @@ from labkit.judge.expect import (
     returns,
     under,
 )
-from labkit.judge.run import StepContext
+from labkit.judge.run import StepContext, slices
 from labkit.judge.verdict import Case
 from labkit.judge.witness import Witness
 from labkit.values import encode, same
@@ -213,7 +211,7 @@ class Dispatches:
         with self.witness:
             groups = [(self.plans[part], {"scenarios": self.scenarios[part], "witness": self.witness.url})
                       for part in slices(len(self.plans), SCENARIOS_PER_CHILD)]
-            return cases_side_by_side(self.ctx, "dispatching", groups)
+            return self.ctx.side_by_side("dispatching", groups)
 
 
 def _id_of(sighting) -> Any:

@@ -9,13 +9,11 @@ from checks.outbox import schema as stores
 from checks.outbox.common import (
     NOT_SEEN,
     Check,
-    cases_side_by_side,
     drawn_after_fixed,
     event,
     name,
     outcome_text,
     seen_after,
-    slices,
 )
 from labkit.judge.expect import (
     Miss,
@@ -26,7 +24,7 @@ from labkit.judge.expect import (
     returns,
     under,
 )
-from labkit.judge.run import StepContext
+from labkit.judge.run import StepContext, slices
 from labkit.judge.verdict import Case
 from labkit.judge.witness import Witness
 from labkit.values import decode, encode, show
@@ -149,7 +147,7 @@ class SendHttp:
                     specs = [s for s, t in zip(self.specs, talks, strict=True) if t == side]
                     groups += [(plans[part], {"calls": specs[part], "witness": self.witness.url})
                                for part in slices(len(plans), CALLS_PER_CHILD if side else len(plans))]
-                found = {c.name: c for c in cases_side_by_side(self.ctx, "sending", groups, env=env)}
+                found = {c.name: c for c in self.ctx.side_by_side("sending", groups, env=env)}
             return drawn_after_fixed([found[p.name] for p in self.plans], self.drawn)
         finally:
             self.replier.close()

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from labkit import labs
 from labkit.judge import expect
@@ -125,8 +126,36 @@ class StepContext:
         run = self.child(probe, {"cases": [p.name for p in plans], **(args or {})}, env=env, probes=probes)
         return expect.judge(run, plans, self.timeout)
 
+    def side_by_side(self, probe: str, groups: list[tuple[list[expect.Plan], dict]],
+                     env: dict[str, str] | None = None) -> list[Case]:
+        """Each group of plans in its own child, side by side: each child gets the step's whole
+        time budget, so a step with many cases keeps the margin one child had on a busy machine.
+        Cases come back in the order of the groups' plans."""
+        runs = together([lambda plans=plans, args=args: self.cases(probe, plans, args, env=env) for plans, args in groups])
+        found = {case.name: case for cases in runs for case in cases}
+        return [found[plan.name] for plans, _ in groups for plan in plans]
+
     def path(self, name: str) -> Path:
         return self.workdir / name
+
+
+def together(calls: Sequence[Callable[[], Any]]) -> list[Any]:
+    """Call each at the same time, in its own thread (children racing each other, servers
+    closed at once); their results in order. An exception in one is raised once all ended."""
+    if len(calls) <= 1:
+        return [call() for call in calls]
+    with ThreadPoolExecutor(len(calls)) as pool:
+        futures = [pool.submit(call) for call in calls]
+        return [future.result() for future in futures]
+
+
+def slices(count: int, size: int) -> list[slice]:
+    """`count` items cut into runs of at most `size`, as even as possible: one child per run, so a
+    long step keeps on a busy machine the margin a short one has (each child gets the step's
+    whole time budget, and the runs share the cores)."""
+    parts = max(1, -(-count // size))
+    bounds = [round(k * count / parts) for k in range(parts + 1)]
+    return [slice(a, b) for a, b in zip(bounds, bounds[1:], strict=False) if b > a] or [slice(0, 0)]
 
 
 def _run_step(lab: LabSpec, spec: StepSpec, solution: Path, seed: int, timeout: float) -> StepVerdict:
