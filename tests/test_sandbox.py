@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from labkit import sandbox
+from labkit import labs, sandbox
 from labkit.limits import RUN_MARKER
 from labkit.sandbox import Policy, profiles, reaper
 from labkit.sandbox.policy import MiB
@@ -174,6 +174,8 @@ def inside(tmp_path_factory):
         "list": {"the grader's home": str(Path.home()), "the repository": str(ROOT),
                  "solutions/ (folder)": str(ROOT / "solutions"), "checks/": str(ROOT / "checks"),
                  "checks/__pycache__": str(ROOT / "checks" / "__pycache__"),
+                 "checks/outbox/": str(ROOT / "checks" / "outbox"),
+                 "checks/outbox/__pycache__": str(ROOT / "checks" / "outbox" / "__pycache__"),
                  "/": "/", "/etc": "/etc"},
         "write": {"the course's own labkit": str(ROOT / "labkit" / "__init__.py"),
                   "the venv's packages": str(profiles.runtime()[-1] / "pyvenv.cfg"),
@@ -237,15 +239,22 @@ def test_student_code_cannot(inside, thing):
     assert inside[thing].startswith("denied"), f"{thing}: {inside[thing]}"
 
 
+def _probe_files(lab: str) -> list[str]:
+    return [labs.manifest(lab).path(part).name for part in labs.manifest(lab).probes]
+
+
 # What a listing may show: only what the sandbox binds (the runtime's path, the child-side code).
 VISIBLE = {
     "list the grader's home": lambda names: set(names) <= {".pyenv"},
     "list the repository": lambda names: set(names) <= {"labkit", "checks", ".venv"},
     "list solutions/ (folder)": lambda names: names == [],
-    "list checks/": lambda names: set(names) <= {"__init__.py", "__pycache__"} | {p.name for p in ROOT.glob("checks/*_probes.py")},
-    # compiled files only of what the child may read anyway: never the judge-side checks'
-    "list checks/__pycache__": lambda names: {n.split(".")[0] for n in names} <= {"__init__"} | {
-        p.stem for p in ROOT.glob("checks/*_probes.py")},
+    "list checks/": lambda names: set(names) <= {"__init__.py", "__pycache__", *labs.manifests().keys(),
+                                                 *(m.folder.name for m in labs.manifests().values())},
+    "list checks/__pycache__": lambda names: {n.split(".")[0] for n in names} <= {"__init__"},
+    # a lab's child-side probes, never its checks, contract or oracle (nor their compiled files)
+    "list checks/outbox/": lambda names: set(names) <= {"__init__.py", "__pycache__", *_probe_files("outbox")},
+    "list checks/outbox/__pycache__": lambda names: {n.split(".")[0] for n in names} <= {
+        "__init__", *(Path(f).stem for f in _probe_files("outbox"))},
     "list /": lambda names: set(names) <= {"bin", "dev", "etc", "lib", "lib32", "lib64", "libx32", "proc", "root",
                                           "sbin", "tmp", "usr", *{p.split("/")[1] for p in (str(ROOT), sys.base_prefix)}},
     "list /etc": lambda names: set(names) <= {"hosts", "localtime", "nsswitch.conf", "ssl"},

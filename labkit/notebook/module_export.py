@@ -111,10 +111,11 @@ def part_key(part: str) -> tuple[int, str]:
 
 
 def lab_parts(lab: str) -> set[str]:
-    """The parts a lab's step cells may name: `header` and its numbered steps."""
-    from labkit.labs import load
+    """The parts a lab's step cells may name: `header` and its numbered steps (from the lab's
+    manifest: the kernel never imports a lab's checks, and a grading kernel cannot)."""
+    from labkit.labs import manifest
 
-    return {HEADER} | {str(s.step) for s in load(lab).steps if str(s.step).isdigit()}
+    return {HEADER} | {str(s.step) for s in manifest(lab).steps if str(s.step).isdigit()}
 
 
 # --- the module ---------------------------------------------------------------------------
