@@ -1,6 +1,6 @@
 """Lab `relay`'s contract (shared/labs/relay.md) as clauses: every rule, every detail the checks
-rely on, every pitfall the checks must catch. Each case in `checks/relay/lab.py` names the clauses
-it tries; a failing case names the one it caught.
+rely on, every pitfall the checks must catch. Each case of the step checks (one module per step,
+listed in `checks/relay/lab.py`) names the clauses it tries; a failing case names the one it caught.
 """
 
 from labkit.judge.contract import Clause, contract

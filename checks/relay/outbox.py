@@ -1,8 +1,8 @@
 """Lab `relay`: the judge's own view of an outbox file — the contract's schema, seeding, reading,
 and the audit trigger that records every change of a row inside the writer's own transaction.
 
-Used by the step checks (`checks/relay/lab.py`) and the final check (`checks/relay/final.py`); never
-imported by a child.
+Used by the step checks (one module per step, listed in `checks/relay/lab.py`) and the final check
+(`checks/relay/final.py`); never imported by a child.
 """
 
 from __future__ import annotations
@@ -39,6 +39,9 @@ CREATE TRIGGER judge_audit_update AFTER UPDATE ON outbox BEGIN
             NEW.lease_until, NEW.fence, NEW.attempts, NEW.due, NEW.last_error);
 END;
 """
+# What a new row holds besides id and body: steps 1 (the schema) and 2 (enqueue) check it.
+DEFAULTS = {"state": "pending", "attempts": 0, "owner": None, "lease_until": None, "fence": 0, "due": 0,
+            "last_error": None}
 FIELDS = ("seq", "id", "body", "state", "attempts", "owner", "lease_until", "fence", "due", "last_error")
 AUDITED = ("n", "t", "seq", "id", "state", "owner", "lease_until", "fence", "attempts", "due", "last_error")
 

@@ -1,7 +1,7 @@
 """Lab `relay`, child side: drive the student's `relay` module and report what happened.
 
 Everything here runs inside a child process with the student's module loaded. It only calls
-and observes; the judge (`checks/relay/lab.py`) decides what is right, from the DB files it reads
+and observes; the judge (the lab's checks) decides what is right, from the DB files it reads
 itself (an audit trigger in every file it prepares records each row change), the warehouse's
 request log, exit codes and /proc. What a child reports is evidence about return values only.
 Where a rule is about the file at a moment only the child can time (right after a call, while
