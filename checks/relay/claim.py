@@ -5,7 +5,6 @@ processes is in `claim_race.py`."""
 from __future__ import annotations
 
 import string
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from checks.outbox import schema as stores
@@ -25,16 +24,15 @@ from checks.relay.outbox import (
 )
 from checks.relay.witness import no_open_transaction
 from labkit.judge.expect import Miss, Plan, both, describe, returns, under, value_of
-from labkit.judge.run import StepContext
+from labkit.judge.run import StepContext, together
 from labkit.judge.verdict import Case
 from labkit.values import encode, same, show
 
 
 def check_claim(ctx: StepContext) -> list[Case]:
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        racing = pool.submit(race, ctx.apart("race"))
-        cases = _claim_cases(ctx)
-        return cases + racing.result()
+    racing = ctx.apart("race")
+    cases, raced = together([lambda: _claim_cases(ctx), lambda: race(racing)])
+    return cases + raced
 
 
 def _claim_cases(ctx: StepContext) -> list[Case]:

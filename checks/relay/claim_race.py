@@ -3,13 +3,12 @@ left, and the judge's audit shows who held which row with which token."""
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from checks.relay.common import ONE_TX_HINT
 from checks.relay.outbox import audit, claims_in, counter, make_outbox, name, row
 from labkit.judge.expect import Miss, Plan, describe
-from labkit.judge.run import StepContext
+from labkit.judge.run import StepContext, together
 from labkit.judge.verdict import Case, Outcome
 from labkit.values import decode
 
@@ -32,11 +31,9 @@ def race(ctx: StepContext) -> list[Case]:
     sync.mkdir()
     args = {"db": str(db), "sync": str(sync), "now": now, "lease": 3600.0, "limit": limit,
             "max_rounds": total + 2}
-    with ThreadPoolExecutor(max_workers=len(RACERS)) as pool:
-        runs = list(pool.map(lambda me: ctx.child("race", {**args, "owner": me,
-                                                          "peers": [p for p in RACERS if p != me],
-                                                          "cases": ["claims"]},
-                                                 timeout=RACE_TIME_FACTOR * ctx.timeout), RACERS))
+    runs = together([lambda me=me: ctx.child("race", {**args, "owner": me, "peers": [p for p in RACERS if p != me],
+                                                      "cases": ["claims"]}, timeout=RACE_TIME_FACTOR * ctx.timeout)
+                     for me in RACERS])
     entries = audit(db)
     claims = claims_in(entries)
     case = Case(f"{len(RACERS)} processes race to claim every row", Outcome.PASSED,

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from checks.relay.final_scene import LEASE, Scene, claims_of, relay_rounds, requests_for
 from checks.relay.outbox import shown
-from labkit.judge.hooks import KILLED_TEXT
+from labkit.judge import timeline as evidence
 from labkit.judge.run import StepContext
-from labkit.values import decode
 
 
 def out_of_order(requests: list[dict], seq: dict[str, int], pills: set[str]) -> list[str]:
@@ -25,32 +24,24 @@ def _pills(scene: Scene) -> set[str]:
     return {i for i in scene.rows if i not in ("snack-1", "snack-2")}
 
 
+def _claimed(note: dict) -> tuple[str, str] | None:
+    if note.get("kind") != "claimed":
+        return None
+    return "hook", f"after_claim({evidence.noted(note, 'seq')}): holds token {note.get('fence')}"
+
+
 def add_timeline(ctx: StepContext, scene: Scene) -> None:
     timeline = ctx.evidence.timeline
     for label, run in scene.runs.items():
         actor = f"publisher {label}"
-        timeline.append({"t": run.started_at, "actor": actor, "kind": "start", "text": "process started"})
-        for note in run.messages():
-            if note.get("kind") == "claimed":
-                try:  # what a child wrote: anything at all
-                    seq = decode(note["seq"])
-                except Exception:  # noqa: BLE001
-                    seq = "?"
-                t = note.get("t")
-                t = t if isinstance(t, (int, float)) and run.started_at <= t <= run.ended_at else run.ended_at
-                timeline.append({"t": t, "actor": actor, "kind": "hook",
-                                 "text": f"after_claim({seq}): holds token {note.get('fence')}"})
-        if label == "A #2" and scene.stopped_at is not None:
-            timeline.append({"t": scene.stopped_at, "actor": actor, "kind": "stopped",
-                             "text": "stopped by the judge in after_claim: SIGSTOP from outside (it saw state T)"})
-        if label == "A #2" and scene.continued_at is not None:
-            timeline.append({"t": scene.continued_at, "actor": actor, "kind": "continued",
-                             "text": "SIGCONT from the judge"})
-        killed = label in scene.killed
         rounds = relay_rounds(run)
         tail = f"; relay_once returned {rounds[-1]}" if rounds and isinstance(rounds[-1], dict) else ""
-        timeline.append({"t": run.ended_at, "actor": actor, "kind": "killed" if killed else "exit",
-                         "text": KILLED_TEXT if killed else f"exit code {run.exit_code}{tail}"})
+        timeline.extend(evidence.process(actor, run, _claimed, killed=label in scene.killed, ended=tail))
+        if label == "A #2" and scene.stopped_at is not None:
+            timeline.append(evidence.event(scene.stopped_at, actor, "stopped",
+                                           "stopped by the judge in after_claim: SIGSTOP from outside (it saw state T)"))
+        if label == "A #2" and scene.continued_at is not None:
+            timeline.append(evidence.event(scene.continued_at, actor, "continued", "SIGCONT from the judge"))
     claimed_at: dict[str, float] = {}
     drawn: dict[str, list[int]] = {}  # file → the audit numbers on the timeline, in order
     for e in scene.entries:
@@ -62,8 +53,8 @@ def add_timeline(ctx: StepContext, scene: Scene) -> None:
             earlier = drawn.setdefault(e["file"], [])
             after = [f"audit:{e['file']}:{earlier[-1]}"] if earlier else []
             earlier.append(e["n"])
-            timeline.append({"t": e["t"], "actor": "outbox", "id": f"audit:{e['file']}:{e['n']}", "after": after,
-                             "kind": "committed" if e["state"] == "sent" else e["state"], "text": text})
+            timeline.append(evidence.event(e["t"], "outbox", "committed" if e["state"] == "sent" else e["state"], text,
+                                           id=f"audit:{e['file']}:{e['n']}", after=after))
     for r in scene.requests:
         if r.get("outcome") == "duplicate":
             kind, what = "duplicate", "duplicate: recognised, applied once"
@@ -76,13 +67,14 @@ def add_timeline(ctx: StepContext, scene: Scene) -> None:
         seen = r.get("seen") if isinstance(r.get("seen"), dict) else {}
         later = [f"audit:{file}:{next(n for n in numbers if n > seen[file])}" for file, numbers in drawn.items()
                  if isinstance(seen.get(file), int) and any(n > seen[file] for n in numbers)]
-        timeline.append({"t": r.get("t_start", 0), "actor": "warehouse", "id": f"post:{r.get('n')}", "before": later,
-                         "kind": kind, "text": f"POST {r.get('id')} with token {r.get('token')} → {what}"})
+        timeline.append(evidence.event(r.get("t_start", 0), "warehouse", kind,
+                                       f"POST {r.get('id')} with token {r.get('token')} → {what}",
+                                       id=f"post:{r.get('n')}", before=later))
     timeline.extend(scene.notes)
     late = out_of_order(scene.requests, scene.seq, _pills(scene))
     if late and timeline:
-        timeline.append({"t": max(e["t"] for e in timeline), "actor": "judge", "kind": "note",
-                         "text": "delivered out of seq order: " + "; ".join(late)})
+        timeline.append(evidence.event(max(e["t"] for e in timeline), "judge", "note",
+                                       "delivered out of seq order: " + "; ".join(late)))
     timeline.sort(key=lambda e: e["t"])
 
 
@@ -105,19 +97,19 @@ def add_ladder(ctx: StepContext, scene: Scene) -> None:
     ladder = ctx.evidence.ladder
     for event_id in ("snack-1", "snack-2"):
         claims = claims_of(scene, event_id)
-        ladder.append({"rung": f"{event_id}: claimed by whom, with which token",
-                       "observed": ", then ".join(f"{c['owner']} with token {c['fence']}" for c in claims) or "never",
-                       "when": "the outbox's audit of every change"})
+        ladder.append(evidence.rung(f"{event_id}: claimed by whom, with which token",
+                                    ", then ".join(f"{c['owner']} with token {c['fence']}" for c in claims) or "never",
+                                    "the outbox's audit of every change"))
         sent = [(r.get("token"), r.get("outcome")) for r in requests_for(scene, event_id)]
-        ladder.append({"rung": f"{event_id}: sent, with which token",
-                       "observed": ", then ".join(f"token {t} → {o}" for t, o in sent) or "never",
-                       "when": "the warehouse's request log"})
+        ladder.append(evidence.rung(f"{event_id}: sent, with which token",
+                                    ", then ".join(f"token {t} → {o}" for t, o in sent) or "never",
+                                    "the warehouse's request log"))
         final = scene.rows.get(event_id)
         holder = claims[-1]["fence"] if claims else None
         ok = final is not None and final["state"] == "sent" and final["fence"] == holder
-        ladder.append({"rung": f"{event_id}: sent saved by the current token holder",
-                       "observed": f"yes: sent under token {final['fence']}" if ok else f"no: {shown(final)}",
-                       "when": "the outbox, at the end"})
+        ladder.append(evidence.rung(f"{event_id}: sent saved by the current token holder",
+                                    f"yes: sent under token {final['fence']}" if ok else f"no: {shown(final)}",
+                                    "the outbox, at the end"))
     claimed_at: dict[str, float] = {}
     fails, quarantined, redriven = [], [], []
     for e in scene.entries:
@@ -130,12 +122,11 @@ def add_ladder(ctx: StepContext, scene: Scene) -> None:
             quarantined.append(f"{e['id']}: {e['last_error']}")
         elif e["state"] == "pending" and e["attempts"] == 0:
             redriven.append(f"{e['id']}: pending again, attempts 0, last_error kept")
-    ladder.append({"rung": "failed, retry due at T", "observed": "; ".join(fails) or "none observed",
-                   "when": "the outbox, on the judge's clock"})
-    ladder.append({"rung": "quarantined with error E", "observed": "; ".join(quarantined) or "none observed",
-                   "when": "the outbox"})
-    ladder.append({"rung": "redriven", "observed": "; ".join(redriven) or "none observed",
-                   "when": "the outbox, after the refusal was lifted"})
+    ladder.append(evidence.rung("failed, retry due at T", "; ".join(fails) or "none observed",
+                                "the outbox, on the judge's clock"))
+    ladder.append(evidence.rung("quarantined with error E", "; ".join(quarantined) or "none observed", "the outbox"))
+    ladder.append(evidence.rung("redriven", "; ".join(redriven) or "none observed",
+                                "the outbox, after the refusal was lifted"))
     late = out_of_order(scene.requests, scene.seq, _pills(scene))
-    ladder.append({"rung": "delivered out of seq order", "observed": "; ".join(late) or "none",
-                   "when": "the warehouse's request log: the price of quarantine and retries"})
+    ladder.append(evidence.rung("delivered out of seq order", "; ".join(late) or "none",
+                                "the warehouse's request log: the price of quarantine and retries"))
