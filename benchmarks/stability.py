@@ -19,7 +19,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SOLUTIONS = {"outbox": "worker.py", "vending": "client.py", "relay": "relay.py"}
+sys.path.insert(0, str(ROOT))
+
+from labkit import labs  # noqa: E402
 
 
 def burn(stop) -> None:
@@ -33,7 +35,7 @@ def signature(verdict: dict) -> list:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--lab", default="outbox", choices=sorted(SOLUTIONS))
+    ap.add_argument("--lab", default="outbox", choices=labs.available())
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--busy", type=int, default=2, help="CPU-burning processes beside the judge")
     ap.add_argument("--random-seeds", action="store_true", help="a new seed per run (default: seed 1)")
@@ -48,7 +50,7 @@ def main() -> int:
             seed = random.randrange(1, 2**31) if args.random_seeds else 1
             started = time.monotonic()
             out = subprocess.run([sys.executable, "-m", "labkit", "check", args.lab, "--solution",
-                                  str(ROOT / "solutions" / SOLUTIONS[args.lab]), "--seed", str(seed), "--json"],
+                                  str(ROOT / "solutions" / labs.manifest(args.lab).module_file), "--seed", str(seed), "--json"],
                                  cwd=ROOT, capture_output=True, text=True, timeout=300)
             seconds.append(time.monotonic() - started)
             verdict = json.loads(out.stdout)
