@@ -11,22 +11,16 @@ from __future__ import annotations
 
 import os
 import random
-import socket
 import sqlite3
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing
 from pathlib import Path
-
-import psutil
 
 from checks.outbox import schema as stores
 from checks.vending import interference, oracle
 from checks.vending.contract import CLAUSES
 from checks.vending.witness import FaultWitness
-from labkit.judge import expect
-from labkit.judge.child import child_session
 from labkit.judge.differential import after_fixed, differential
 from labkit.judge.expect import (
     SKELETON_HINT,
@@ -44,7 +38,10 @@ from labkit.judge.expect import (
     value_of,
 )
 from labkit.judge.hooks import KILLED_TEXT, run_to_hook
+from labkit.judge.ports import refusing_port
+from labkit.judge.processes import held_files, held_sockets
 from labkit.judge.run import StepContext, lab_spec
+from labkit.judge.served import served
 from labkit.judge.verdict import Case, Outcome
 from labkit.servers.feed import Feed, start_feed
 from labkit.values import decode, encode, same, show
@@ -229,136 +226,6 @@ def can_write(path: Path) -> bool:
             return False
         con.execute("ROLLBACK")
         return True
-
-
-WALL_FACTOR = 4  # a served step's calls may wait this many step budgets in all, whatever the load
-
-
-def cpu_seconds(pid: int) -> float:
-    """The CPU time process `pid` and what it started have used so far (user + system)."""
-    total = 0.0
-    for proc in process_tree(pid):
-        try:
-            used = proc.cpu_times()
-        except psutil.Error:
-            continue
-        total += used.user + used.system
-    return total
-
-
-def process_tree(pid: int) -> list[psutil.Process]:
-    """`pid` and everything it started. In a sandbox the child's pid is bwrap's, and the student's
-    code runs in a process below it: what it holds is held there."""
-    found, todo = [], [pid]
-    while todo:
-        current = todo.pop()
-        try:
-            found.append(psutil.Process(current))
-        except psutil.Error:
-            continue
-        todo += child_pids(current)
-    return found
-
-
-def child_pids(pid: int) -> list[int]:
-    """The direct children of `pid`, from /proc's per-thread `children` lists: a few small reads,
-    where psutil's `children()` reads every process's stat (half a second on a loaded machine)."""
-    if not CHILDREN_LISTS:  # a kernel without CONFIG_PROC_CHILDREN
-        try:
-            return [c.pid for c in psutil.Process(pid).children()]
-        except psutil.Error:
-            return []
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return []
-    found: list[int] = []
-    for tid in tasks:
-        try:
-            found += [int(c) for c in Path(f"/proc/{pid}/task/{tid}/children").read_text().split()]
-        except (OSError, ValueError):  # that thread has just ended
-            continue
-    return found
-
-
-CHILDREN_LISTS = Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children").exists()
-
-
-def held_files(pid: int) -> set[str]:
-    """The regular files process `pid` (and what it started) holds open right now (real paths)."""
-    found: set[str] = set()
-    for proc in process_tree(pid):
-        try:
-            found |= {os.path.realpath(f.path) for f in proc.open_files()}
-        except psutil.Error:
-            pass
-    return found
-
-
-def held_sockets(pid: int, port: int) -> list[str]:
-    """The TCP sockets of process `pid` (and what it started) connected to `port`, as
-    "local → remote (status)"."""
-    found = []
-    for proc in process_tree(pid):
-        try:
-            found += proc.net_connections(kind="tcp")
-        except psutil.Error:
-            pass
-    return [f"{c.laddr.ip}:{c.laddr.port} → {c.raddr.ip}:{c.raddr.port} ({c.status})"
-            for c in found if c.raddr and c.raddr.port == port]
-
-
-def served(ctx: StepContext, kind: str, plans: list[Plan], specs: list[dict],
-           observe: Callable[[int, dict], dict] | None = None, call_timeout: float = 5.0) -> list[Case]:
-    """Run each plan's case in one child that waits between cases (`vending_probes.serve`).
-
-    The step's budget is the child's: `ctx.timeout` seconds of its CPU time (a loaded machine
-    cannot tell slow code from a slow machine by the clock), within `WALL_FACTOR` times that of
-    waiting for its replies (every wait stays bounded; each call also has its own guard). The
-    judge's own looks between cases cost the student nothing. After each reply, and before the next case starts,
-    `observe(child_pid, spec)` makes the judge's own observations (the store through its own connection, its locks, the files and
-    sockets the child still holds); they go under the case's `observed["judge"]`."""
-    records: list[dict] = []
-    waited = cpu = 0.0  # the child's time only, never the judge's own looks
-    with child_session(ctx.solution, workdir=ctx.workdir, timeout=ctx.timeout, marker=ctx.marker(),
-                      module_name=ctx.lab.module_name, probe=f"{ctx.lab.probes}:serve") as session:
-        for plan, spec in zip(plans, specs, strict=True):
-            left = WALL_FACTOR * ctx.timeout - waited
-            if not session.imported:
-                break
-            records.append({"event": "start", "case": plan.name})
-            if left <= 0 or cpu > ctx.timeout:  # the step's budget is spent: this case is where it ran out
-                session.run.timed_out = True
-                break
-            started = time.monotonic()
-            reply = session.call({"kind": spec.get("kind", kind), "case": spec},
-                                timeout=min(left, spec.get("guard", 0) + call_timeout))
-            waited += time.monotonic() - started
-            cpu = cpu_seconds(session.proc.pid)
-            if reply["outcome"].get("kind") in ("timed_out", "died", "aborted"):
-                break  # the session says how the child ended; this case is the one it ended in
-            observed = dict(reply.get("observed") or {})
-            observed["judge"] = observe(session.proc.pid, spec) if observe else {}
-            records.append({"event": "case", "case": plan.name, "outcome": reply["outcome"],
-                           "observed": observed})
-    run = session.run
-    run.records = [*run.records, *records]
-    return expect.judge(run, [observable(p) for p in plans], ctx.timeout)  # via the module: tests wrap it
-
-
-def observable(plan: Plan) -> Plan:
-    """`plan`, whose check first says so when the child could not observe the call at all."""
-
-    def check(record: dict) -> Miss | None:
-        outcome = record["outcome"]
-        if outcome.get("kind") == "probe_failed":
-            return Miss(f"after the call, the judge could not look at what it left: {outcome.get('message')}",
-                       "Leave the objects you were given usable: e.g. never close the DB connection "
-                       "or the writer you were handed, unless the contract says so.")
-        return inner(record)
-
-    inner = plan.check
-    return Plan(plan.name, plan.called, plan.expected, check, plan.hint, plan.clauses)
 
 
 def store_state(applied: list[tuple[int, int]]) -> dict:
@@ -1968,18 +1835,6 @@ def check_run_client(ctx: StepContext) -> list[Case]:
     finally:
         close_feeds(feeds)
         refused.close()
-
-
-def refusing_port() -> socket.socket:
-    """A loopback socket bound to an ephemeral port and never listening: a connection to it is
-    refused, and as long as it stays bound no server can take its port (no race with later feeds)."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        sock.bind(("127.0.0.1", 0))
-    except OSError:
-        sock.close()
-        raise
-    return sock
 
 
 def observe_client_case(feeds: list[Feed], pid: int, spec: dict) -> dict:
