@@ -26,12 +26,12 @@ from hypothesis import strategies as st
 
 from checks import vending
 from checks.vending import oracle
+from checks.vending.feed_server import start_feed
 from labkit import labs
 from labkit.judge.child import run_child
 from labkit.judge.run import run_lab
 from labkit.judge.verdict import Outcome
 from labkit.sandbox import reaper
-from labkit.servers.feed import start_feed
 from labkit.values import decode
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -20,6 +20,7 @@ from pathlib import Path
 from checks.outbox import schema as stores
 from checks.vending import interference, oracle
 from checks.vending.contract import CLAUSES
+from checks.vending.feed_server import Feed, start_feed
 from checks.vending.witness import FaultWitness
 from labkit.judge.differential import after_fixed, differential
 from labkit.judge.expect import (
@@ -43,7 +44,6 @@ from labkit.judge.processes import held_files, held_sockets
 from labkit.judge.run import StepContext, lab_spec
 from labkit.judge.served import served
 from labkit.judge.verdict import Case, Outcome
-from labkit.servers.feed import Feed, start_feed
 from labkit.values import decode, encode, same, show
 
 SEQ_MAX = 2_147_483_647
