@@ -15,6 +15,7 @@ from __future__ import annotations
 import random
 import re
 import socket
+import sys
 import time
 from pathlib import Path
 from unittest.mock import patch
@@ -24,11 +25,12 @@ from catalogue import failures, wrong_file
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from checks import vending
-from checks.vending import oracle
+from checks.vending import open_store, oracle, parse, replay
+from checks.vending.feed_looks import close_feeds
 from checks.vending.feed_server import start_feed
 from labkit import labs
 from labkit.judge.child import run_child
+from labkit.judge.ports import refusing_port
 from labkit.judge.run import run_lab
 from labkit.judge.verdict import Outcome
 from labkit.sandbox import reaper
@@ -69,7 +71,7 @@ class Capture:
 def captured(check, seed: int = 1) -> Capture:
     """Run a pure step's check on a stand-in context: its plans and calls, no child, no property test."""
     ctx = Capture(seed)
-    with patch.object(vending, "differential", lambda *args, **kwargs: []):
+    with patch.object(sys.modules[check.__module__], "differential", lambda *args, **kwargs: []):
         check(ctx)
     return ctx
 
@@ -84,7 +86,7 @@ def step_cases(check, seed: int = 1) -> list[tuple]:
 
 def test_every_step_1_case_sends_what_its_name_says(tmp_path):
     """Run the step's own calls in a real child and read what each call received there."""
-    ctx = captured(vending.check_parse)
+    ctx = captured(parse.check_parse)
     marker = reaper.new_marker()
     try:
         run = run_child(REFERENCE, "labkit.probe:calls", ctx.args, workdir=tmp_path, timeout=20, marker=marker,
@@ -111,7 +113,7 @@ def test_step_1_cases_name_the_clause_the_oracle_names_and_agree_with_it(seed):
     """Each case's first clause is the rule the judge's oracle says the line is about; the oracle
     and the reference give the same outcome for every case line."""
     reference = load_reference()
-    for plan, (line,) in step_cases(vending.check_parse, seed):
+    for plan, (line,) in step_cases(parse.check_parse, seed):
         expected = outcome_of(oracle.parse_line, line)
         assert outcome_of(reference.parse_line, line) == expected, plan.name
         if plan.expected == "ValueError":
@@ -131,7 +133,7 @@ def outcome_of(fn, *args):
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_step_4_cases_agree_with_the_oracle(seed):
     reference = load_reference()
-    for plan, args in step_cases(vending.check_replay, seed):
+    for plan, args in step_cases(replay.check_replay, seed):
         assert outcome_of(reference.replay, *args) == outcome_of(oracle.replay, *args), plan.name
 
 
@@ -249,7 +251,7 @@ def test_a_closed_connection_from_open_store_is_named(lab):
 
 
 def test_the_refusing_port_refuses_and_no_feed_gets_it_while_held():
-    held = vending.refusing_port()
+    held = refusing_port()
     try:
         port = held.getsockname()[1]
         with pytest.raises(ConnectionRefusedError):
@@ -258,7 +260,7 @@ def test_the_refusing_port_refuses_and_no_feed_gets_it_while_held():
         try:
             assert port not in {f.port for f in feeds}
         finally:
-            vending.close_feeds(feeds)
+            close_feeds(feeds)
     finally:
         held.close()
 
@@ -314,13 +316,13 @@ def test_got_lines_print_no_python_lists(lab):
 def test_the_judges_own_looks_do_not_spend_the_students_step_budget(lab, monkeypatch):
     """On a loaded machine the judge's observations between cases are slow; they must not make a
     correct solution run out of its step budget (the budget counts the child's calls only)."""
-    looked = vending.observe_store
+    looked = open_store.observe_store
 
     def slow_look(pid, spec):
         time.sleep(1.5)
         return looked(pid, spec)
 
-    monkeypatch.setattr(vending, "observe_store", slow_look)
+    monkeypatch.setattr(open_store, "observe_store", slow_look)
     step = run_lab(lab, REFERENCE, steps=[2], seed=1).steps[0]
     assert len(step.cases) * 1.5 > 10, "the looks alone must outlast the step budget"
     assert step.passed, failures(step)

@@ -16,9 +16,17 @@ not register are refused, so a child cannot make the judge open other files.
 from __future__ import annotations
 
 import socketserver
+import sqlite3
 import threading
 from collections.abc import Callable
 from pathlib import Path
+
+from checks.vending import interference
+from checks.vending.store import can_write, observe_store, snapshot
+from labkit.judge.expect import Plan
+from labkit.judge.run import StepContext
+from labkit.judge.served import served
+from labkit.judge.verdict import Case
 
 LINE_LIMIT = 4096  # a store path under the step's temp dir, and "FAULT "
 READ_SECONDS = 5.0
@@ -89,3 +97,23 @@ def look_safely(look: Callable[[Path], dict], path: Path) -> dict:
         return look(path)
     except Exception as exc:  # the judge's own look failed: recorded, never raised into the server
         return {"error": f"{type(exc).__name__}: {exc}"[:200]}
+
+
+def look_mid_transaction(path: Path) -> dict:
+    """While fault() waits: is the store write-locked, and what is committed? (The judge's own
+    connections; `FaultWitness` calls this.)"""
+    try:
+        locked = not can_write(path)
+    except sqlite3.DatabaseError:
+        locked = None
+    return {"write_locked": locked, "outside": snapshot(path)}
+
+
+def served_with_witness(ctx: StepContext, plans: list[Plan], specs: list[dict]) -> list[Case]:
+    """Store calls whose fault() is watched from the judge's side while it runs."""
+    with FaultWitness([Path(s["db"]) for s in specs], look_mid_transaction) as witness:
+        for spec in specs:
+            spec["witness"] = witness.address
+        return served(ctx, "call", plans, specs, lambda pid, spec: (
+            interference.observe_sweep(spec, snapshot, can_write) if spec.get("kind") == "sweep"
+            else {**observe_store(pid, spec), "faults": witness.calls(spec["db"])}))
