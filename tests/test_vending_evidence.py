@@ -3,7 +3,8 @@
 - the cases' inputs, as the child received them (exact types and lengths), and their clauses
   as the judge's oracle names them;
 - the judge's own observations hold when the student's code fools the child's (a probe
-  patched from the student's module, a connection opened behind the probe's back);
+  patched from the student's module, a connection opened behind the probe's back, a witness
+  request patched away), and the witness looks only at the stores the judge registered;
 - the code that closes what it was given, or returns a closed connection, gets a verdict;
 - the refused-connection case cannot race with a feed;
 - the final check claims only what it observed (an ACK before before_ack, a before_ack
@@ -26,13 +27,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from checks.vending import open_store, oracle, parse, replay
+from checks.vending import witness as fault_witness
 from checks.vending.feed_looks import close_feeds
 from checks.vending.feed_server import start_feed
-from labkit import labs
+from checks.vending.store import make_store
+from labkit import labs, probe
 from labkit.judge.child import run_child
 from labkit.judge.ports import refusing_port
 from labkit.judge.run import run_lab
 from labkit.judge.verdict import Outcome
+from labkit.judge.witness import Witness
 from labkit.sandbox import reaper
 from labkit.values import decode
 
@@ -226,6 +230,35 @@ def test_a_fault_outside_the_transaction_is_caught_by_the_judge_even_when_the_ch
     assert not case.passed
     assert "the judge could BEGIN IMMEDIATE on the store" in case.got
     assert "3.one-transaction" in case.clauses
+
+
+SILENT = '''import checks.vending.probes as _probes
+
+_probes.tell_witness = lambda url, case: None  # "the judge has looked": no request is ever made
+'''
+
+
+def test_a_fault_the_judge_never_saw_fails_whatever_the_child_reports(lab, tmp_path):
+    """The module patches away the probe's request to the judge's witness: the judge has no
+    sighting of fault(), so the case fails although the child's own views look right."""
+    module = tmp_path / "client.py"
+    module.write_text(SILENT + REFERENCE.read_text())
+    step = run_lab(lab, module, steps=[3], seed=1).steps[0]
+    case = next(c for c in step.cases if c.name == "the next event with a fault() that passes")
+    assert not case.passed and "fault() was called 0 times" in case.got
+
+
+def test_the_fault_witness_looks_only_at_the_stores_the_judge_registered(tmp_path):
+    """The child names a case, never a file: any other name, even a store's own path, opens nothing."""
+    db = make_store(tmp_path / "case.db", [(0, 5)])
+    with Witness(fault_witness.look_at({"a case": db})) as witness:
+        assert probe.see(witness.url, "a case", "fault") == {}
+        for case in (str(db), "/etc/passwd", "another case"):
+            assert "refused" in probe.see(witness.url, case, "fault")
+        assert probe.see(witness.url, "a case", "after") == fault_witness.REFUSED
+        assert fault_witness.faults_seen(witness, "a case") == [
+            {"write_locked": False, "outside": {"last": 0, "total": 5, "ledger": [[0, 5]]}}]
+        assert len([s for s in witness.sightings() if s.saw == fault_witness.REFUSED]) == 4
 
 
 def test_closing_the_connection_it_was_given_is_a_verdict_not_a_probe_crash(lab, tmp_path):

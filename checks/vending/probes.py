@@ -1,8 +1,8 @@
 """Lab `vending`, child side: drive the student's `client` and report what happened.
 
 Everything here runs inside a child process with the student's module loaded. It only
-calls and observes; the judge (`checks/vending/lab.py`) decides what is right, and makes every
-observation about *state* itself (the DB files through its own connections, the locks on
+calls and observes; the judge (the step modules beside this one) decides what is right, and
+makes every observation about *state* itself (the DB files through its own connections, the locks on
 them, the files and sockets this process still holds, the feed's journal). What a reply
 here carries is evidence about return values, and about what only this process can see:
 how the student's code used the writer, the reader and the hooks it was given.
@@ -26,7 +26,6 @@ import asyncio
 import inspect
 import json
 import os
-import socket
 import sqlite3
 import time
 from collections.abc import Callable
@@ -39,7 +38,6 @@ from labkit.values import decode, encode
 # Taken before the student's module is imported: our own connections are never tracked.
 REAL_CONNECT = sqlite3.connect
 REAL_OPEN_CONNECTION = asyncio.open_connection
-REAL_CREATE_CONNECTION = socket.create_connection
 INJECTED = "(injected by the judge)"
 
 
@@ -168,7 +166,7 @@ def store_call(mod, case: dict, cleanup: list) -> tuple[dict, dict]:
 
     def fault():
         faults.append({"in_transaction": in_transaction(con), "inside": _inside(con),
-                       "witness": tell_witness(case.get("witness"), db)})
+                       "witness": tell_witness(case.get("witness"), case["name"])})
         if mode in ("raise", "interrupt"):
             error = (RuntimeError if mode == "raise" else Interrupted)(f"the vending arm jammed {INJECTED}")
             raised.append(error)
@@ -228,18 +226,14 @@ def sweep_case(mod, case: dict, cleanup: list) -> tuple[dict, dict]:
     return {"kind": "returned", "value": encode(None)}, {"runs": runs}
 
 
-def tell_witness(address: list | None, db: str) -> str | None:
-    """Tell the judge's witness (`checks/vending/witness.py`) that fault() runs on `db`, and wait
-    while the judge looks at the store from outside. Returns what went wrong, or None."""
-    if not address:
+def tell_witness(url: str | None, case: str) -> str | None:
+    """Ask the judge's witness (`labkit/judge/witness.py`; vending's look: `checks/vending/witness.py`)
+    to look at this case's store while fault() runs, and wait until it has. Returns what went
+    wrong, or None."""
+    if not url:
         return "no witness"
-    try:
-        with REAL_CREATE_CONNECTION(tuple(address), timeout=5.0) as sock:
-            sock.sendall(b"FAULT " + db.encode() + b"\n")
-            reply = sock.makefile("rb").readline(16)
-    except OSError as exc:
-        return f"{type(exc).__name__}: {exc}"[:200]
-    return None if reply == b"OK\n" else f"the witness answered {reply!r}"
+    answer = probe.see(url, case, "fault")
+    return answer.get("witness_error") or answer.get("refused")
 
 
 def _inside(con: sqlite3.Connection) -> dict | None:
