@@ -2,7 +2,7 @@
 
 - `judge/`: runs a lab's checks; student code only ever runs in its child processes.
 - `probe/`: the code that runs inside those children and reports on a private pipe.
-- `servers/`: the warehouse (HTTP) and the feed (TCP) the labs talk to.
+- `servers/`: the warehouse (HTTP) the labs talk to.
 - `views/`: verdicts as text, HTML, an SVG timeline and live widgets.
 - `notebook/`: the in-kernel side (`Lab`, `%%step`), progress, quiz, the lesson build.
 - `grading/`: `python -m labkit grade`.

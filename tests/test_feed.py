@@ -1,4 +1,4 @@
-"""Tests for labkit.servers.feed, the event-feed TCP server the lab-02 judge runs.
+"""Tests for checks.vending.feed_server, the event-feed TCP server the lab-02 judge runs.
 
 The clients here are tiny and correct on purpose: plain blocking sockets (plus one
 asyncio client shaped like the student's, ``limit=64``), so every failure points
@@ -19,7 +19,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from labkit.servers.feed import FAULTS, Feed, start_feed  # noqa: E402
+from checks.vending.feed_server import FAULTS, Feed, start_feed  # noqa: E402
 
 LOG4 = [(0, 5), (1, -2), (2, 7), (3, 1)]
 

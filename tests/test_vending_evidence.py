@@ -3,7 +3,8 @@
 - the cases' inputs, as the child received them (exact types and lengths), and their clauses
   as the judge's oracle names them;
 - the judge's own observations hold when the student's code fools the child's (a probe
-  patched from the student's module, a connection opened behind the probe's back);
+  patched from the student's module, a connection opened behind the probe's back, a witness
+  request patched away), and the witness looks only at the stores the judge registered;
 - the code that closes what it was given, or returns a closed connection, gets a verdict;
 - the refused-connection case cannot race with a feed;
 - the final check claims only what it observed (an ACK before before_ack, a before_ack
@@ -15,6 +16,7 @@ from __future__ import annotations
 import random
 import re
 import socket
+import sys
 import time
 from pathlib import Path
 from unittest.mock import patch
@@ -24,14 +26,18 @@ from catalogue import failures, wrong_file
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from checks import vending
-from checks.vending import oracle
-from labkit import labs
+from checks.vending import open_store, oracle, parse, replay
+from checks.vending import witness as fault_witness
+from checks.vending.feed_looks import close_feeds
+from checks.vending.feed_server import start_feed
+from checks.vending.store import make_store
+from labkit import labs, probe
 from labkit.judge.child import run_child
+from labkit.judge.ports import refusing_port
 from labkit.judge.run import run_lab
 from labkit.judge.verdict import Outcome
+from labkit.judge.witness import Witness
 from labkit.sandbox import reaper
-from labkit.servers.feed import start_feed
 from labkit.values import decode
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,7 +75,7 @@ class Capture:
 def captured(check, seed: int = 1) -> Capture:
     """Run a pure step's check on a stand-in context: its plans and calls, no child, no property test."""
     ctx = Capture(seed)
-    with patch.object(vending, "differential", lambda *args, **kwargs: []):
+    with patch.object(sys.modules[check.__module__], "differential", lambda *args, **kwargs: []):
         check(ctx)
     return ctx
 
@@ -84,7 +90,7 @@ def step_cases(check, seed: int = 1) -> list[tuple]:
 
 def test_every_step_1_case_sends_what_its_name_says(tmp_path):
     """Run the step's own calls in a real child and read what each call received there."""
-    ctx = captured(vending.check_parse)
+    ctx = captured(parse.check_parse)
     marker = reaper.new_marker()
     try:
         run = run_child(REFERENCE, "labkit.probe:calls", ctx.args, workdir=tmp_path, timeout=20, marker=marker,
@@ -111,7 +117,7 @@ def test_step_1_cases_name_the_clause_the_oracle_names_and_agree_with_it(seed):
     """Each case's first clause is the rule the judge's oracle says the line is about; the oracle
     and the reference give the same outcome for every case line."""
     reference = load_reference()
-    for plan, (line,) in step_cases(vending.check_parse, seed):
+    for plan, (line,) in step_cases(parse.check_parse, seed):
         expected = outcome_of(oracle.parse_line, line)
         assert outcome_of(reference.parse_line, line) == expected, plan.name
         if plan.expected == "ValueError":
@@ -131,7 +137,7 @@ def outcome_of(fn, *args):
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_step_4_cases_agree_with_the_oracle(seed):
     reference = load_reference()
-    for plan, args in step_cases(vending.check_replay, seed):
+    for plan, args in step_cases(replay.check_replay, seed):
         assert outcome_of(reference.replay, *args) == outcome_of(oracle.replay, *args), plan.name
 
 
@@ -226,6 +232,35 @@ def test_a_fault_outside_the_transaction_is_caught_by_the_judge_even_when_the_ch
     assert "3.one-transaction" in case.clauses
 
 
+SILENT = '''import checks.vending.probes as _probes
+
+_probes.tell_witness = lambda url, case: None  # "the judge has looked": no request is ever made
+'''
+
+
+def test_a_fault_the_judge_never_saw_fails_whatever_the_child_reports(lab, tmp_path):
+    """The module patches away the probe's request to the judge's witness: the judge has no
+    sighting of fault(), so the case fails although the child's own views look right."""
+    module = tmp_path / "client.py"
+    module.write_text(SILENT + REFERENCE.read_text())
+    step = run_lab(lab, module, steps=[3], seed=1).steps[0]
+    case = next(c for c in step.cases if c.name == "the next event with a fault() that passes")
+    assert not case.passed and "fault() was called 0 times" in case.got
+
+
+def test_the_fault_witness_looks_only_at_the_stores_the_judge_registered(tmp_path):
+    """The child names a case, never a file: any other name, even a store's own path, opens nothing."""
+    db = make_store(tmp_path / "case.db", [(0, 5)])
+    with Witness(fault_witness.look_at({"a case": db})) as witness:
+        assert probe.see(witness.url, "a case", "fault") == {}
+        for case in (str(db), "/etc/passwd", "another case"):
+            assert "refused" in probe.see(witness.url, case, "fault")
+        assert probe.see(witness.url, "a case", "after") == fault_witness.REFUSED
+        assert fault_witness.faults_seen(witness, "a case") == [
+            {"write_locked": False, "outside": {"last": 0, "total": 5, "ledger": [[0, 5]]}}]
+        assert len([s for s in witness.sightings() if s.saw == fault_witness.REFUSED]) == 4
+
+
 def test_closing_the_connection_it_was_given_is_a_verdict_not_a_probe_crash(lab, tmp_path):
     """The probe reads `con.in_transaction` after the call: on a closed connection that raised and
     the child ended with 'don't call sys.exit()'. Now every case is judged, and the session that
@@ -249,7 +284,7 @@ def test_a_closed_connection_from_open_store_is_named(lab):
 
 
 def test_the_refusing_port_refuses_and_no_feed_gets_it_while_held():
-    held = vending.refusing_port()
+    held = refusing_port()
     try:
         port = held.getsockname()[1]
         with pytest.raises(ConnectionRefusedError):
@@ -258,7 +293,7 @@ def test_the_refusing_port_refuses_and_no_feed_gets_it_while_held():
         try:
             assert port not in {f.port for f in feeds}
         finally:
-            vending.close_feeds(feeds)
+            close_feeds(feeds)
     finally:
         held.close()
 
@@ -314,13 +349,13 @@ def test_got_lines_print_no_python_lists(lab):
 def test_the_judges_own_looks_do_not_spend_the_students_step_budget(lab, monkeypatch):
     """On a loaded machine the judge's observations between cases are slow; they must not make a
     correct solution run out of its step budget (the budget counts the child's calls only)."""
-    looked = vending.observe_store
+    looked = open_store.observe_store
 
     def slow_look(pid, spec):
         time.sleep(1.5)
         return looked(pid, spec)
 
-    monkeypatch.setattr(vending, "observe_store", slow_look)
+    monkeypatch.setattr(open_store, "observe_store", slow_look)
     step = run_lab(lab, REFERENCE, steps=[2], seed=1).steps[0]
     assert len(step.cases) * 1.5 > 10, "the looks alone must outlast the step budget"
     assert step.passed, failures(step)

@@ -2,8 +2,8 @@
 
 One clause per rule a case can be about: every range bound, type rule, character class,
 framing rule, ordering and transaction rule, error path, each cleanup and cancellation path,
-the feed protocol and each stage of the crash scenario. Every case of `checks/vending/lab.py`
-is tagged with the clauses it tries; a failing case names the one it caught.
+the feed protocol and each stage of the crash scenario. Every case of the step modules
+beside this one is tagged with the clauses it tries; a failing case names the one it caught.
 """
 
 from __future__ import annotations

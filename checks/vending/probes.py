@@ -1,8 +1,8 @@
 """Lab `vending`, child side: drive the student's `client` and report what happened.
 
 Everything here runs inside a child process with the student's module loaded. It only
-calls and observes; the judge (`checks/vending/lab.py`) decides what is right, and makes every
-observation about *state* itself (the DB files through its own connections, the locks on
+calls and observes; the judge (the step modules beside this one) decides what is right, and
+makes every observation about *state* itself (the DB files through its own connections, the locks on
 them, the files and sockets this process still holds, the feed's journal). What a reply
 here carries is evidence about return values, and about what only this process can see:
 how the student's code used the writer, the reader and the hooks it was given.
@@ -23,24 +23,29 @@ The async functions run under `asyncio`, each case in a fresh event loop:
 from __future__ import annotations
 
 import asyncio
-import inspect
 import json
 import os
-import socket
 import sqlite3
 import time
 from collections.abc import Callable
 from typing import Any
 
 from checks.vending import sweep_probes as sweep
+from checks.vending.fake_streams import (
+    INJECTED,
+    SpyWriter,
+    never,
+    run_async,
+    scripted_reader,
+    settle,
+    start,
+)
 from labkit import probe
 from labkit.values import decode, encode
 
 # Taken before the student's module is imported: our own connections are never tracked.
 REAL_CONNECT = sqlite3.connect
 REAL_OPEN_CONNECTION = asyncio.open_connection
-REAL_CREATE_CONNECTION = socket.create_connection
-INJECTED = "(injected by the judge)"
 
 
 def plain(path: str, timeout: float = 1.0) -> sqlite3.Connection:
@@ -168,7 +173,7 @@ def store_call(mod, case: dict, cleanup: list) -> tuple[dict, dict]:
 
     def fault():
         faults.append({"in_transaction": in_transaction(con), "inside": _inside(con),
-                       "witness": tell_witness(case.get("witness"), db)})
+                       "witness": tell_witness(case.get("witness"), case["name"])})
         if mode in ("raise", "interrupt"):
             error = (RuntimeError if mode == "raise" else Interrupted)(f"the vending arm jammed {INJECTED}")
             raised.append(error)
@@ -228,18 +233,14 @@ def sweep_case(mod, case: dict, cleanup: list) -> tuple[dict, dict]:
     return {"kind": "returned", "value": encode(None)}, {"runs": runs}
 
 
-def tell_witness(address: list | None, db: str) -> str | None:
-    """Tell the judge's witness (`checks/vending/witness.py`) that fault() runs on `db`, and wait
-    while the judge looks at the store from outside. Returns what went wrong, or None."""
-    if not address:
+def tell_witness(url: str | None, case: str) -> str | None:
+    """Ask the judge's witness (`labkit/judge/witness.py`; vending's look: `checks/vending/witness.py`)
+    to look at this case's store while fault() runs, and wait until it has. Returns what went
+    wrong, or None."""
+    if not url:
         return "no witness"
-    try:
-        with REAL_CREATE_CONNECTION(tuple(address), timeout=5.0) as sock:
-            sock.sendall(b"FAULT " + db.encode() + b"\n")
-            reply = sock.makefile("rb").readline(16)
-    except OSError as exc:
-        return f"{type(exc).__name__}: {exc}"[:200]
-    return None if reply == b"OK\n" else f"the witness answered {reply!r}"
+    answer = probe.see(url, case, "fault")
+    return answer.get("witness_error") or answer.get("refused")
 
 
 def _inside(con: sqlite3.Connection) -> dict | None:
@@ -255,64 +256,6 @@ def _inside(con: sqlite3.Connection) -> dict | None:
 # --- async machinery for steps 6, 7 and the final check ------------------------------------
 
 
-class VirtualClockLoop(asyncio.SelectorEventLoop):
-    """An event loop whose clock jumps to the next timer whenever nothing is ready.
-
-    Only for cases whose I/O never leaves this process: a wait on the network would be
-    skipped over instead of waited for.
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._now = 0.0
-        real_select = self._selector.select
-
-        def select(timeout=None):
-            events = real_select(0 if timeout is not None else 0.01)
-            if not events and timeout:
-                self._now += timeout
-            return events
-
-        self._selector.select = select
-
-    def time(self) -> float:
-        return self._now
-
-
-def run_async(make: Callable[[], Any], virtual: bool) -> Any:
-    """Run one case's coroutine in a fresh loop (virtual clock or real)."""
-    with asyncio.Runner(loop_factory=VirtualClockLoop if virtual else None) as runner:
-        return runner.run(make())
-
-
-async def start(fn: Callable | None, *args, **kwargs) -> tuple[asyncio.Task | None, dict | None]:
-    """Call a student's async function and wrap the coroutine in a task, or say why not."""
-    if fn is None:
-        return None, {"kind": "missing"}
-    try:
-        coro = fn(*args, **kwargs)
-    except Exception as exc:
-        return None, probe.describe_exception(exc)
-    if not inspect.isawaitable(coro):
-        return None, {"kind": "not_async", "value": encode(coro)}
-    return asyncio.ensure_future(coro), None
-
-
-async def settle(task: asyncio.Task, seconds: float) -> tuple[dict, Any]:
-    """Wait at most `seconds` for the task; describe how it ended (hung, cancelled, ...)."""
-    done, _ = await asyncio.wait({task}, timeout=seconds)
-    if not done:
-        task.cancel()
-        await asyncio.wait({task}, timeout=1.0)
-        return {"kind": "hung", "seconds": seconds}, None
-    if task.cancelled():
-        return {"kind": "cancelled"}, None
-    error = task.exception()
-    if error is not None:
-        return probe.describe_exception(error), error
-    return {"kind": "returned", "value": encode(task.result())}, task.result()
-
-
 class Recorder:
     """Every writer call and hook call of one case, in order, with what the DB showed then."""
 
@@ -326,138 +269,6 @@ class Recorder:
     def last_committed(self) -> int | None:
         seen = peek(self.db) if self.db else None
         return None if seen is None else seen["last"]
-
-
-async def _never() -> None:
-    await asyncio.get_running_loop().create_future()
-
-
-class FakeTransport:
-    def __init__(self, rec: Recorder, real=None) -> None:
-        self._rec = rec
-        self._real = real
-
-    def abort(self) -> None:
-        self._rec.note("abort")
-        if self._real is not None:
-            self._real.abort()
-
-    def close(self) -> None:
-        self._rec.note("transport_close")
-        if self._real is not None:
-            self._real.close()
-
-    def is_closing(self) -> bool:
-        return self._real.is_closing() if self._real is not None else False
-
-    def get_extra_info(self, name, default=None):
-        return self._real.get_extra_info(name, default) if self._real is not None else default
-
-
-class SpyWriter:
-    """A StreamWriter seen through a keyhole: records each call, then does it for real.
-
-    `drain` may be told to fail ("raise") or never end ("hang"), once, for fault cases.
-    Without a real writer underneath it is a fake whose `wait_closed` can hang or fail.
-    """
-
-    def __init__(self, rec: Recorder, real: asyncio.StreamWriter | None = None,
-                 drain: str | None = None, wait_closed: str | None = None) -> None:
-        self._rec = rec
-        self._real = real
-        self._drain = drain
-        self._wait_closed = wait_closed
-        self._closed = False
-        self.transport = FakeTransport(rec, real.transport if real is not None else None)
-
-    def write(self, data) -> None:
-        self._rec.note("write", data=encode(data), last_committed=self._rec.last_committed())
-        if self._real is not None:
-            self._real.write(data)
-
-    def writelines(self, data) -> None:
-        for chunk in data:
-            self.write(chunk)
-
-    def write_eof(self) -> None:
-        self._rec.note("write_eof")
-        if self._real is not None:
-            self._real.write_eof()
-
-    def drain(self):
-        self._rec.note("drain")  # noted when called: wait_for(drain(), 0) may never run it
-        return self._drained()
-
-    async def _drained(self) -> None:
-        mode, self._drain = self._drain, None
-        if mode == "raise":
-            raise ConnectionResetError(104, f"Connection reset by peer {INJECTED}")
-        if mode == "hang":
-            await _never()
-        if self._real is not None:
-            await self._real.drain()
-
-    def close(self) -> None:
-        self._rec.note("close")
-        self._closed = True
-        if self._real is not None:
-            self._real.close()
-
-    def is_closing(self) -> bool:
-        return self._real.is_closing() if self._real is not None else self._closed
-
-    def wait_closed(self):
-        self._rec.note("wait_closed")  # noted when called, like drain
-        return self._closed_waited()
-
-    async def _closed_waited(self) -> None:
-        if self._wait_closed == "hang":
-            await _never()
-        if self._wait_closed == "reset":
-            raise ConnectionResetError(104, f"Connection reset by peer {INJECTED}")
-        if self._real is not None:
-            await self._real.wait_closed()
-
-    def get_extra_info(self, name, default=None):
-        return self._real.get_extra_info(name, default) if self._real is not None else default
-
-    def can_write_eof(self) -> bool:
-        return False
-
-    @property
-    def really_closed(self) -> bool:
-        """Was the socket underneath closed (by close() or abort())?"""
-        return self._real.is_closing() if self._real is not None else self._closed
-
-    def abandon(self) -> None:
-        """After the judge looked: close a real socket the student's code left open."""
-        if self._real is not None and not self._real.is_closing():
-            self._real.transport.abort()
-
-
-def scripted_reader(case: dict) -> asyncio.StreamReader:
-    """A StreamReader (limit 64, like run_client's) fed on the loop's clock: each `[delay, data]`
-    of the script `delay` seconds after the previous one, then EOF, a reset, or nothing more."""
-    loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader(limit=64)
-    at = 0.0
-    for delay, data in case.get("script", []):
-        at += delay
-        if at == 0:
-            reader.feed_data(data.encode("latin-1"))
-        else:
-            loop.call_later(at, reader.feed_data, data.encode("latin-1"))
-    end = case.get("end", "eof")
-    at += case.get("end_after", 0.0)
-    if end == "eof":
-        if at == 0:
-            reader.feed_eof()
-        else:
-            loop.call_later(at, reader.feed_eof)
-    elif end == "reset":
-        error = ConnectionResetError(104, f"Connection reset by peer {INJECTED}")
-        loop.call_later(max(at, 0.001), reader.set_exception, error)
-    return reader
 
 
 def _hook(rec: Recorder, fail_at: int | None, raised: list[BaseException]) -> Callable[[int], None]:
@@ -561,7 +372,7 @@ def client_case(mod, case: dict, cleanup: list) -> tuple[dict, dict]:
                       "limit": encode(kw.get("limit", "the default (64 KiB)"))})
         mode = case.get("dial", "real")
         if mode == "hang":
-            await _never()
+            await never()
         if mode == "slow":  # connects, but only `dial_delay` seconds later (a far or busy server)
             await asyncio.sleep(case["dial_delay"])
         if mode in ("fake", "slow"):

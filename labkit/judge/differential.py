@@ -2,19 +2,18 @@
 
 Hypothesis runs in the judge and draws argument tuples from a lab's strategy; each example is
 answered by the student's function in ONE child that stays up (`child.child_session`, ~0.2 ms
-a call) and by the oracle in the judge (`checks/<lab>/oracle.py`, never visible to the child).
-On the first disagreement Hypothesis shrinks the input, and the step gets ONE failing case:
+a call) and by the oracle the lab passes in (its `checks/<lab>/oracle.py`, never visible to the
+child). On the first disagreement Hypothesis shrinks the input, and the step gets ONE failing case:
 `called` is the shrunk call, `expected` the oracle's outcome, `got` the student's, and `hint`
 and `clauses` come from the lab's `clause_of(*shrunk_args)`. Agreement on every example gives
 one passing case tagged with `clauses`.
 
     from hypothesis import strategies as st          # inside the check: the import costs ~0.2 s
-    from checks.vending.oracle import parse_line as oracle
     from labkit.judge.differential import differential
 
-    def check_parse(ctx):
+    def check_parse(ctx):                            # in a lab's package, beside its oracle
         frames = st.tuples(st.binary(max_size=70) | near_frames())
-        return differential(ctx, "parse_line", frames, oracle, clause_of=frame_clause,
+        return differential(ctx, "parse_line", frames, oracle.parse_line, clause_of=frame_clause,
                             clauses=("1.frame", "1.ranges", "1.leading-zeros"))
 
 Outcomes are compared by class: both return values equal under `labkit.values.same` (True != 1,

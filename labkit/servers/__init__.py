@@ -1,1 +1,1 @@
-"""The servers the labs talk to, run by the judge: the warehouse (HTTP) and the feed (TCP)."""
+"""The servers the labs talk to, run by the judge: the warehouse (HTTP)."""

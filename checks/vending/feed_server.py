@@ -1,4 +1,4 @@
-"""The event-feed TCP server used by the judge of lab 02 ("vending").
+"""Lab `vending`, judge side: the event-feed TCP server the judge runs for steps 6, 7 and final.
 
 The feed runs in the judge's process, never runs student code, and lives in
 background threads of its own on 127.0.0.1 and an ephemeral port.  Protocol, per
