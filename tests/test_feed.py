@@ -493,7 +493,8 @@ def test_close_leaves_no_thread_and_refuses_new_connections():
     feed.close()
     assert time.monotonic() - t0 < 1.0  # the 30 s stall was interrupted
     feed.close()  # idempotent
-    assert set(threading.enumerate()) - before == set()
+    # the feed's own threads: another test's server in this worker may still be ending one of its own
+    assert [t for t in set(threading.enumerate()) - before if t.name.startswith("labkit-feed")] == []
     for c in (stalled, mute, mid):
         assert c.readline() == b""
         c.close()

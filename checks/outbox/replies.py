@@ -21,6 +21,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from labkit.judge.ports import refusing_port
+
 MAX_HEAD = 64 * 1024
 MAX_BODY = 256 * 1024
 IO_TIMEOUT = 5.0  # a client that stalls mid-request cannot hold a handler thread
@@ -148,8 +150,7 @@ class Replier:
     def refusing_port(self) -> int:
         """A port bound but not listening: connections are refused, and no server started
         later can take the port while we hold it."""
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
+        sock = refusing_port()
         self._held.append(sock)
         return sock.getsockname()[1]
 

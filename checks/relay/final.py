@@ -30,6 +30,7 @@ from checks.relay.final_pills import pill_cases
 from checks.relay.final_scene import COUNTER_START, LEASE, Scene
 from checks.relay.outbox import audit, claims_in, event, make_outbox, name, row, rows_of
 from labkit.judge import freeze
+from labkit.judge import timeline as evidence
 from labkit.judge.hooks import release, run_to_hook
 from labkit.judge.run import StepContext
 from labkit.judge.verdict import Case
@@ -66,8 +67,8 @@ def check_final(ctx: StepContext) -> list[Case]:
                                                "limit": 16, "rounds": 6, "cases": ["relay"]})
         if not scene.runs["C"].timed_out:  # a publisher that hangs costs its time limit once, not twice
             wh.lift(scene.ids["refused"])  # the cause is fixed
-            scene.notes.append({"t": time.time(), "actor": "warehouse", "kind": "note",
-                                "text": f"the refusal of {scene.ids['refused']} is lifted (cause fixed)"})
+            scene.notes.append(evidence.event(time.time(), "warehouse", "note",
+                                              f"the refusal of {scene.ids['refused']} is lifted (cause fixed)"))
             scene.runs["D"] = ctx.child("redriving", {**common, "db": str(scene.pills), "owner": "D",
                                                       "ids": [scene.ids["refused"]], "now": scene.start + 100.0,
                                                       "limit": 16, "cases": ["redrive"]})

@@ -6,30 +6,22 @@ from __future__ import annotations
 
 from checks.vending.crash_scenario import KILL, killed_by_judge
 from checks.vending.store import shown
+from labkit.judge import timeline as evidence
 from labkit.judge.hooks import KILLED_TEXT
 from labkit.judge.verdict import Case
-from labkit.values import decode
+
+
+def _before_ack(note: dict) -> tuple[str, str] | None:
+    if note.get("kind") != "before_ack":
+        return None
+    return "hook", f"before_ack({evidence.noted(note, 'seq')}) (as the process reported it)"
 
 
 def timeline_process(timeline: list[dict], label: str, run, kill: int | None, timeout: float,
                      hook: dict | None = None) -> None:
-    timeline.append({"t": run.started_at, "actor": label, "kind": "start", "text": "process started"})
-    for note in run.messages():
-        if note.get("kind") == "before_ack":
-            try:  # what a child wrote: anything at all
-                seq = decode(note["seq"])
-            except Exception:  # noqa: BLE001
-                seq = "?"
-            text = f"before_ack({seq}) (as the process reported it)"
-            t = note.get("t")
-            t = t if isinstance(t, (int, float)) and run.started_at <= t <= run.ended_at else run.ended_at
-            timeline.append({"t": t, "actor": label, "kind": "hook", "text": text})
-    if kill is not None and hook is not None:
-        timeline.append({"t": run.ended_at, "actor": label, "kind": "killed", "text": KILLED_TEXT})
-        return
-    timeline.append({"t": run.ended_at, "actor": label, "kind": "exit",
-                    "text": f"exit code {run.exit_code}" + (" (no answer in time: killed by the judge)"
-                                                            if killed_by_judge(run, timeout) else "")})
+    late = " (no answer in time: killed by the judge)" if killed_by_judge(run, timeout) else ""
+    timeline.extend(evidence.process(label, run, _before_ack, killed=kill is not None and hook is not None,
+                                     ended=late))
 
 
 def timeline_feed(timeline: list[dict], journal: list[dict], conns1: set[int], conns2: set[int],
@@ -41,8 +33,8 @@ def timeline_feed(timeline: list[dict], journal: list[dict], conns1: set[int], c
     for e in journal:
         who = owner.get(e["conn"], "unknown client")
         if e["kind"] == "ack" and who == "client #2" and e.get("seq") == recognised:
-            timeline.append({"t": e["t"], "actor": "feed", "kind": "duplicate",
-                            "text": f"[{who}] ← ACK {recognised}: a resent seq the ledger already held, counted once"})
+            timeline.append(evidence.event(e["t"], "feed", "duplicate",
+                                           f"[{who}] ← ACK {recognised}: a resent seq the ledger already held, counted once"))
             continue
         text = {
             "connect": f"connection {e['conn']} from {who}",
@@ -51,7 +43,7 @@ def timeline_feed(timeline: list[dict], journal: list[dict], conns1: set[int], c
             "ack": f"← ACK {e.get('seq')}",
             "closed": f"connection {e['conn']} closed ({e.get('reason')})",
         }.get(e["kind"], f"{e['kind']} {({k: v for k, v in e.items() if k not in ('t', 'conn', 'kind')})}")
-        timeline.append({"t": e["t"], "actor": "feed", "kind": e["kind"], "text": f"[{who}] {text}"})
+        timeline.append(evidence.event(e["t"], "feed", e["kind"], f"[{who}] {text}"))
 
 
 def ladder(events, died: Case, after_kill, j1, j2, after_all, restarted: bool) -> list[dict]:
@@ -75,20 +67,19 @@ def ladder(events, died: Case, after_kill, j1, j2, after_all, restarted: bool) -
     else:
         sent = "not observed: client #1 did not die in before_ack"
     duplicate = bool(ack2) and after_all is not None and after_all["total"] == total and KILL in seqs1
+    seen = (f"yes: the feed got ACK {KILL} from client #1" if ack1
+            else f"no: the feed has no ACK {KILL} from client #1")
+    again = (not_restarted if not restarted else f"yes: the feed sent EVENT {KILL} again to client #2"
+             if resent else f"no: the feed did not send seq {KILL} to client #2")
+    missing = (f"no ACK {KILL} from client #2" if not ack2
+               else f"the total is {after_all['total'] if after_all else None}, expected {total}")
+    once = (not_restarted if not restarted else
+            f"yes: client #2 ACKed {KILL} and the total {after_all['total']} counts it once" if duplicate
+            else f"no: {missing}")
     return [
-        {"rung": "committed", "observed": committed, "when": "after client #1 ended"},
-        {"rung": "ACK sent", "observed": sent, "when": "client #1"},
-        {"rung": "ACK seen by the feed",
-         "observed": f"yes: the feed got ACK {KILL} from client #1" if ack1 else f"no: the feed has no ACK {KILL} "
-                                                                                 "from client #1",
-         "when": "client #1's connection"},
-        {"rung": "resent",
-         "observed": (not_restarted if not restarted else f"yes: the feed sent EVENT {KILL} again to client #2"
-                     if resent else f"no: the feed did not send seq {KILL} to client #2"),
-         "when": "client #2's connection"},
-        {"rung": "recognised as duplicate",
-         "observed": (not_restarted if not restarted else
-                     f"yes: client #2 ACKed {KILL} and the total {after_all['total']} counts it once" if duplicate
-                     else f"no: {'no ACK ' + str(KILL) + ' from client #2' if not ack2 else 'the total is ' + str(after_all['total'] if after_all else None) + ', expected ' + str(total)}"),
-         "when": "after client #2"},
+        evidence.rung("committed", committed, "after client #1 ended"),
+        evidence.rung("ACK sent", sent, "client #1"),
+        evidence.rung("ACK seen by the feed", seen, "client #1's connection"),
+        evidence.rung("resent", again, "client #2's connection"),
+        evidence.rung("recognised as duplicate", once, "after client #2"),
     ]

@@ -6,20 +6,18 @@ from __future__ import annotations
 
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 from checks.vending.feed_server import Feed
 from checks.vending.hints import ACK_AFTER_COMMIT, CLOSE_HINT, SOCKET_HINT
 from checks.vending.store import judged
 from labkit.judge.expect import Miss
 from labkit.judge.processes import held_files, held_sockets
+from labkit.judge.run import together
 
 
 def close_feeds(feeds: list[Feed]) -> None:
     """Close every feed at once (each close joins its threads)."""
-    if feeds:
-        with ThreadPoolExecutor(max_workers=len(feeds)) as pool:
-            list(pool.map(lambda feed: feed.close(), feeds))
+    together([feed.close for feed in feeds])
 
 
 def acks_on(journal: list[dict]) -> list[int]:

@@ -19,6 +19,7 @@ from checks.vending.feed_server import start_feed
 from checks.vending.inputs import deltas
 from checks.vending.store import shown, snapshot, store_state
 from checks.vending.writer_log import seqs_text
+from labkit.judge import timeline as evidence
 from labkit.judge.expect import SKELETON_HINT, Miss, describe, import_problem
 from labkit.judge.hooks import KILLED_TEXT, run_to_hook
 from labkit.judge.run import StepContext
@@ -31,8 +32,8 @@ def check_crash(ctx: StepContext) -> list[Case]:
     events = list(enumerate(deltas(rng, rng.randint(4, 7))))
     db = ctx.path("vending.db")
     timeline = ctx.evidence.timeline
-    timeline.append({"t": time.time(), "actor": "judge", "kind": "setup",
-                    "text": f"feed with {len(events)} events {events}; no store file yet; kill at seq {KILL}"})
+    timeline.append(evidence.event(time.time(), "judge", "setup",
+                                   f"feed with {len(events)} events {events}; no store file yet; kill at seq {KILL}"))
     # Generous waits: nothing in this scenario stalls on purpose, so they only bound a client that
     # hangs, and a correct client on a machine at load 45 (3 s to start a sandboxed child) fits:
     # the client's read timeout and the feed's wait for a line or an ACK, and one client process.
@@ -68,10 +69,9 @@ def check_crash(ctx: StepContext) -> list[Case]:
         timeline_process(timeline, "client #2", second, None, child_seconds)
     timeline_feed(timeline, journal, conns_during(journal, first),
                   conns_during(journal, second) if second is not None else set(), KILL if recognised else None)
-    timeline.append({"t": t_kill, "actor": "store", "kind": "snapshot", "text": "after client #1: " + shown(after_kill)})
+    timeline.append(evidence.event(t_kill, "store", "snapshot", "after client #1: " + shown(after_kill)))
     if second is not None:
-        timeline.append({"t": t_end, "actor": "store", "kind": "snapshot",
-                        "text": "after client #2: " + shown(after_all)})
+        timeline.append(evidence.event(t_end, "store", "snapshot", "after client #2: " + shown(after_all)))
     timeline.sort(key=lambda e: e["t"])
     if died.passed:
         ctx.evidence.faults.append(f"client #1 killed in before_ack at seq {KILL} — {KILLED_TEXT}, "

@@ -47,7 +47,7 @@ def served(ctx: StepContext, kind: str, plans: list[Plan], specs: list[dict],
                                  timeout=min(left, spec.get("guard", 0) + call_timeout))
             waited += time.monotonic() - started
             cpu = cpu_seconds(session.proc.pid)
-            if reply["outcome"].get("kind") in ("timed_out", "died", "aborted"):
+            if reply["outcome"].get("kind") in ("timed_out", "died", "memory_limit", "aborted"):
                 break  # the session says how the child ended; this case is the one it ended in
             observed = dict(reply.get("observed") or {})
             observed["judge"] = observe(session.proc.pid, spec) if observe else {}

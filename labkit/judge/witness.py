@@ -192,11 +192,3 @@ def _socket_owner(local: tuple, remote: tuple) -> int | None:
             except OSError:
                 continue
     return None
-
-
-def free_port_refusing() -> tuple[socket.socket, int]:
-    """A port bound but never listening: connecting to it is refused, and no other server can
-    take it while the socket is held (a closed port could be reused by the next server)."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    return sock, sock.getsockname()[1]
