@@ -343,8 +343,9 @@ def summarise(lab: str, title: str, judged: list[Judged], seconds: float | None,
         counts[j.step][j.kind] += 1
     order = [s for s in [*(str(s.step) for s in labs.load(lab).steps), "header"] if s in counts]
     print(f"\nlab {lab}: {title}")
-    print(f"{'step':>8} {'killed':>7} {'survived':>9} {'equivalent':>11} {'incompetent':>12} {'timed out':>10} "
-          f"{'no-op':>6} {'score':>7}")
+    header = (f"{'killed':>7} {'survived':>9} {'equivalent':>11} {'incompetent':>12} {'timed out':>10} "
+              f"{'no-op':>6} {'score':>7}")
+    print(f"{'step':>8} {header}")
     total: Counter = Counter()
     for step in order:
         total.update(counts[step])
@@ -354,7 +355,7 @@ def summarise(lab: str, title: str, judged: list[Judged], seconds: float | None,
         operators: dict[str, Counter] = defaultdict(Counter)
         for j in judged:
             operators[j.operator.rpartition("/")[2]][j.kind] += 1
-        print(f"{'operator':>24}")
+        print(f"{'operator':>24} {header}")
         for name, c in operators.items():
             print(f"{name:>24}" + _row("", c)[8:])
     if seconds is not None:
