@@ -14,6 +14,7 @@ comments) is "no-op" and not scored; lines marked `# pragma: no mutate` are skip
 function, operator and changed line) count as equivalent, not as misses.
 
     python benchmarks/mutation_score.py --lab outbox [--jobs 2] [--seed 1] [--steps 1 3] [--fresh]
+                                        [--operators all|syntactic|semantic] [--report-only]
 
 Work goes to artifacts/mutation/<lab>[-steps-...]/: cosmic-ray mutates a file in place, so
 each of the `--jobs` workers has its own copy of the module and its own cosmic-ray session
@@ -25,6 +26,15 @@ of every scored mutant that is not equivalent), and writes the survivors (file:l
 diff) to tests/mutation/survivors-<lab>.txt (generated; not committed). A mutant whose verdict
 says the checker failed or blames the course's servers is listed too (the phrases are
 `labkit.judge.verdict.COURSE_FAULT`).
+
+cosmic-ray's operators are syntactic, and the checks catch nearly all of their mutants; students'
+mistakes of meaning (a read moved out of the transaction, a narrowed WHERE, a swallowed error...)
+are made by benchmarks/semantic_mutants.py's operators instead. `--operators semantic|syntactic|all`
+(default all) picks which are judged. Semantic mutants are judged by the same `judge` (the step they
+change, then final), their verdicts kept in artifacts/mutation/<lab>[-steps-...]-semantic/results.jsonl
+(a stopped run goes on), counted per step and per operator, and their survivors written to
+tests/mutation/survivors-<lab>-semantic.txt; equivalent.md matches them like any other row (its
+operator column is then `semantic/<name>`).
 """
 
 from __future__ import annotations
@@ -42,9 +52,11 @@ import time
 from collections import Counter, defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # semantic_mutants
 
 from labkit import labs  # noqa: E402
 from labkit.judge.verdict import COURSE_FAULT  # noqa: E402
@@ -128,46 +140,59 @@ def sample(lab: str, folder: Path, count: int) -> list[tuple[str, str, int, str]
 
 def check(lab: str, module: Path, step: str, seed: int) -> tuple[str, str]:
     """Run `labkit check` on one step: ("passed" | "failed" | "incompetent" | "timed out", detail)."""
+    result, detail, blamed = _check(lab, module, step, seed)
+    if blamed:
+        print(f"{MARK} blamed: {', '.join(blamed)}")
+    return result, detail
+
+
+def _check(lab: str, module: Path, step: str, seed: int) -> tuple[str, str, list[str]]:
+    """`check`, with the COURSE_FAULT phrases the verdict holds instead of printing them."""
     command = [sys.executable, "-m", "labkit", "check", lab, "--solution", str(module), "--seed", str(seed), "--json"]
     if step != "all":
         command += ["--step", step]
     try:
         proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=CHECK_TIMEOUT)
     except subprocess.TimeoutExpired:
-        return "timed out", f"labkit check did not finish within {CHECK_TIMEOUT:g} s"
+        return "timed out", f"labkit check did not finish within {CHECK_TIMEOUT:g} s", []
     try:
         verdict = json.loads(proc.stdout)
     except ValueError:
-        return "incompetent", f"exit {proc.returncode}, no verdict: {proc.stderr[-300:]}"
+        return "incompetent", f"exit {proc.returncode}, no verdict: {proc.stderr[-300:]}", []
     if proc.returncode not in (0, 1):
-        return "incompetent", f"exit {proc.returncode}"
+        return "incompetent", f"exit {proc.returncode}", []
     blamed = sorted({phrase for s in verdict["steps"] for c in s["cases"]
                      for phrase in COURSE_FAULT if phrase in c["message"]})
-    if blamed:
-        print(f"{MARK} blamed: {', '.join(blamed)}")
     failing = [f"{s['step']}: {c['name']}" for s in verdict["steps"] for c in s["cases"] if not c["passed"]]
-    return ("failed", "; ".join(failing)[:300]) if proc.returncode == 1 else ("passed", "")
+    return ("failed", "; ".join(failing)[:300], blamed) if proc.returncode == 1 else ("passed", "", blamed)
+
+
+def judge(lab: str, before: str, after: str, module: Path, seed: int) -> tuple[str, str, str, list[str]]:
+    """(kind, step, detail, blamed phrases) of one mutant written to `module`: the step whose
+    function it changes, then final (a change to the header, or to several steps: every step)."""
+    lines = changed_lines(before, after)
+    steps = {step_of_line(before, line) for line in lines} or {"header"}
+    step = steps.pop() if len(steps) == 1 else "header"
+    if code_shape(before) == code_shape(after):
+        return "no-op", step, "", []
+    order = ["all"] if step == "header" else [step, "final"]
+    blamed: list[str] = []
+    for chosen in order:
+        result, detail, phrases = _check(lab, module.resolve(), chosen, seed)
+        blamed += phrases
+        if result != "passed":
+            return {"failed": "killed"}.get(result, result), step, f"by {chosen}: {detail}", blamed
+    return "survived", step, "", blamed
 
 
 def test_mutant(lab: str, module: Path, pristine: Path, seed: int) -> int:
     """cosmic-ray's test command: exit 0 survived, 1 killed (or timed out), 3 incompetent.
     The kind and the step are printed as `LABKIT-MUTANT <kind> step <N>` for the report."""
-    before, after = pristine.read_text(), module.read_text()
-    lines = changed_lines(before, after)
-    steps = {step_of_line(before, line) for line in lines} or {"header"}
-    step = steps.pop() if len(steps) == 1 else "header"
-    if code_shape(before) == code_shape(after):
-        print(f"{MARK} no-op step {step}")
-        return 0
-    order = ["all"] if step == "header" else [step, "final"]
-    for chosen in order:
-        result, detail = check(lab, module.resolve(), chosen, seed)
-        if result != "passed":
-            kind = {"failed": "killed"}.get(result, result)
-            print(f"{MARK} {kind} step {step} by {chosen}: {detail}")
-            return {"killed": 1, "timed out": 1}.get(kind, 3)
-    print(f"{MARK} survived step {step}")
-    return 0
+    kind, step, detail, blamed = judge(lab, pristine.read_text(), module.read_text(), module, seed)
+    if blamed:
+        print(f"{MARK} blamed: {', '.join(sorted(set(blamed)))}")
+    print(f"{MARK} {kind} step {step}" + (f" {detail}" if detail else ""))
+    return {"killed": 1, "timed out": 1, "incompetent": 3}.get(kind, 0)
 
 
 # --- sessions, one per worker ------------------------------------------------------------------------
@@ -263,14 +288,24 @@ def classify(result) -> str:
     return "incompetent"
 
 
+class Judged(NamedTuple):
+    """One scored mutant, whichever tool made it. (Not a dataclass: tests load this file without
+    putting it in sys.modules.)"""
+    step: str
+    kind: str  # one of KINDS, or "equivalent"
+    operator: str
+    survivor: str = ""  # "file:line step N function operator" and the diff, for a survivor
+    blamed: str = ""  # the verdict's words, if it blamed the course
+
+
 def report(lab: str, folders: list[Path], seconds: float | None) -> int:
+    """The table of cosmic-ray's mutants, and their survivors in tests/mutation/survivors-<lab>.txt."""
     from cosmic_ray.work_db import WorkDB, use_db
     from cosmic_ray.work_item import WorkerOutcome
 
     source = reference(lab).read_text()
     known = equivalents(lab)
-    counts: dict[str, Counter] = defaultdict(Counter)
-    survivors, blamed, pending, excluded = [], [], 0, 0
+    judged, pending, excluded = [], 0, 0
     for folder in folders:
         with use_db(str(folder / "session.sqlite"), WorkDB.Mode.open) as db:
             done = {item.job_id for item, _ in db.completed_work_items}
@@ -281,38 +316,145 @@ def report(lab: str, folders: list[Path], seconds: float | None) -> int:
                     continue
                 mutation = item.mutations[0]
                 line = mutation.start_pos[0]
-                step = step_of_line(source, line)
                 kind = classify(result)
                 before, after = diff_lines(result.diff or "")
-                key = (mutation.definition_name or "", mutation.operator_name, before, after)
-                if kind == "survived" and key in known:
+                if kind == "survived" and (mutation.definition_name or "", mutation.operator_name, before, after) in known:
                     kind = "equivalent"
-                counts[step][kind] += 1
                 where = f"solutions/{reference(lab).name}:{line}"
-                if kind == "survived":
-                    survivors.append(f"{where} step {step} {mutation.definition_name} {mutation.operator_name}\n"
-                                     f"{result.diff}")
-                if f"{MARK} blamed" in (result.output or ""):
-                    blamed.append(f"{where} {mutation.operator_name}: {result.output.strip()[:300]}")
+                judged.append(Judged(
+                    step_of_line(source, line), kind, mutation.operator_name,
+                    f"{where} step {step_of_line(source, line)} {mutation.definition_name} {mutation.operator_name}\n"
+                    f"{result.diff}" if kind == "survived" else "",
+                    f"{where} {mutation.operator_name}: {result.output.strip()[:300]}"
+                    if f"{MARK} blamed" in (result.output or "") else ""))
+    notes = ((f" ({pending} still pending: run again to finish)" if pending else "")
+             + (f", {excluded} skipped by '# pragma: no mutate'" if excluded else ""))
+    summarise(lab, f"mutants of solutions/{reference(lab).name}{notes}", judged, seconds,
+              MUTATION / f"survivors-{lab}.txt")
+    return 0
+
+
+def summarise(lab: str, title: str, judged: list[Judged], seconds: float | None, out: Path,
+              by_operator: bool = False) -> None:
+    """Print killed / survived / equivalent... per step and for the lab (and per operator), and
+    write the survivors' diffs to `out`."""
+    counts: dict[str, Counter] = defaultdict(Counter)
+    for j in judged:
+        counts[j.step][j.kind] += 1
     order = [s for s in [*(str(s.step) for s in labs.load(lab).steps), "header"] if s in counts]
-    print(f"\nlab {lab}: mutants of solutions/{reference(lab).name}"
-          + (f" ({pending} still pending: run again to finish)" if pending else "")
-          + (f", {excluded} skipped by '# pragma: no mutate'" if excluded else ""))
-    print(f"{'step':>8} {'killed':>7} {'survived':>9} {'equivalent':>11} {'incompetent':>12} {'timed out':>10} "
-          f"{'no-op':>6} {'score':>7}")
+    print(f"\nlab {lab}: {title}")
+    header = (f"{'killed':>7} {'survived':>9} {'equivalent':>11} {'incompetent':>12} {'timed out':>10} "
+              f"{'no-op':>6} {'score':>7}")
+    print(f"{'step':>8} {header}")
     total: Counter = Counter()
     for step in order:
         total.update(counts[step])
         print(_row(step, counts[step]))
     print(_row("lab", total))
+    if by_operator:
+        operators: dict[str, Counter] = defaultdict(Counter)
+        for j in judged:
+            operators[j.operator.rpartition("/")[2]][j.kind] += 1
+        print(f"{'operator':>24} {header}")
+        for name, c in operators.items():
+            print(f"{name:>24}" + _row("", c)[8:])
     if seconds is not None:
         print(f"wall time {seconds:.0f} s")
-    out = MUTATION / f"survivors-{lab}.txt"
+    survivors = [j.survivor for j in judged if j.survivor]
+    blamed = [j.blamed for j in judged if j.blamed]
     MUTATION.mkdir(parents=True, exist_ok=True)
     out.write_text(f"# survivors of lab {lab} (generated by benchmarks/mutation_score.py; not committed)\n\n"
                    + "\n".join(survivors)
                    + ("\n# verdicts that blamed the course\n" + "\n".join(blamed) if blamed else ""))
     print(f"survivors: {out.relative_to(ROOT)} ({len(survivors)})" + (f"; BLAMED THE COURSE: {len(blamed)}" if blamed else ""))
+
+
+# --- semantic mutants (benchmarks/semantic_mutants.py), judged like cosmic-ray's -------------------
+
+
+def semantic_folder(lab: str, steps: list[str]) -> Path:
+    base = workdir(lab, steps)
+    return base.with_name(base.name + "-semantic")
+
+
+def _key(mutant) -> str:
+    return hashlib.sha256(mutant.source.encode()).hexdigest()[:16]
+
+
+def run_semantic(lab: str, jobs: int, seed: int, steps: list[str], fresh: bool, run: bool) -> tuple[list, dict]:
+    """Judge every semantic mutant of the reference (those of `steps` only, if given) with `judge`,
+    `jobs` at a time, each worker with its own copy of the module. Each verdict is appended to
+    results.jsonl at once, so a stopped run goes on where it stopped (a changed reference or seed,
+    or `--fresh`, starts over). Returns (mutants, results by key)."""
+    import threading
+
+    import semantic_mutants
+
+    pristine = reference(lab)
+    source = pristine.read_text()
+    folder = semantic_folder(lab, steps)
+    stamp = {"reference": hashlib.sha256(pristine.read_bytes()).hexdigest(), "seed": seed}
+    stamp_file, results_file = folder / "stamp.json", folder / "results.jsonl"
+    if fresh or not stamp_file.is_file() or json.loads(stamp_file.read_text()) != stamp:
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        stamp_file.write_text(json.dumps(stamp))
+    mutants = [m for m in semantic_mutants.mutants(source)
+               if not steps or step_of_line(source, m.line) in steps]
+    results = {}
+    if results_file.is_file():
+        results = {r["key"]: r for r in map(json.loads, results_file.read_text().splitlines())}
+    todo = [m for m in mutants if _key(m) not in results]
+    lock = threading.Lock()
+
+    def work(k: int) -> None:
+        module = folder / f"worker-{k}" / pristine.name
+        module.parent.mkdir(exist_ok=True)
+        for mutant in todo[k::jobs]:
+            module.write_text(mutant.source)
+            kind, step, detail, blamed = judge(lab, source, mutant.source, module, seed)
+            record = {"key": _key(mutant), "operator": mutant.operator, "line": mutant.line, "step": step,
+                      "kind": kind, "detail": detail, "blamed": sorted(set(blamed))}
+            with lock:
+                results[record["key"]] = record
+                with open(results_file, "a") as out:
+                    out.write(json.dumps(record) + "\n")
+                print(f"{len(results)}/{len(mutants)} {mutant.operator} line {mutant.line}: {kind}", flush=True)
+
+    if run and todo:
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            list(pool.map(work, range(jobs)))
+    return mutants, results
+
+
+def semantic_report(lab: str, mutants: list, results: dict, seconds: float | None) -> int:
+    """The table of the semantic mutants (per step and per operator), and their survivors in
+    tests/mutation/survivors-<lab>-semantic.txt, written like cosmic-ray's."""
+    import semantic_mutants
+
+    source = reference(lab).read_text()
+    known = equivalents(lab)
+    judged, pending = [], 0
+    name = f"solutions/{reference(lab).name}"
+    for mutant in mutants:
+        record = results.get(_key(mutant))
+        if record is None:
+            pending += 1
+            continue
+        diff = "\n".join(["--- mutation diff ---", *difflib.unified_diff(
+            source.split("\n"), mutant.source.split("\n"), fromfile=f"a/{name}", tofile=f"b/{name}", lineterm="")])
+        function = semantic_mutants.function_at(source, mutant.line)
+        kind = record["kind"]
+        if kind == "survived" and (function, mutant.operator, *diff_lines(diff)) in known:
+            kind = "equivalent"
+        where = f"{name}:{mutant.line}"
+        judged.append(Judged(
+            record["step"], kind, mutant.operator,
+            f"{where} step {record['step']} {function} {mutant.operator}\n{diff}\n" if kind == "survived" else "",
+            f"{where} {mutant.operator}: {', '.join(record['blamed'])}" if record["blamed"] else ""))
+    notes = f" ({pending} still pending: run again to finish)" if pending else ""
+    summarise(lab, f"semantic mutants of {name}{notes}", judged, seconds,
+              MUTATION / f"survivors-{lab}-semantic.txt", by_operator=True)
     return 0
 
 
@@ -337,6 +479,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", nargs="*", default=[], help="only mutants of these steps (own work folder)")
     parser.add_argument("--fresh", action="store_true", help="forget earlier results and start over")
     parser.add_argument("--report-only", action="store_true", help="print what the sessions hold; run nothing")
+    parser.add_argument("--operators", choices=["all", "syntactic", "semantic"], default="all",
+                        help="cosmic-ray's operators, benchmarks/semantic_mutants.py's, or both")
     args = parser.parse_args(argv)
     if args.command == "test-mutant":
         return test_mutant(args.lab, args.module, args.pristine, args.seed)
@@ -344,11 +488,18 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--lab is required")
     if args.lab not in labs.available():
         parser.error(f"lab {args.lab} is not in this checkout")
-    folders = prepare(args.lab, max(1, args.jobs), args.seed, [str(s) for s in args.steps], args.fresh)
-    started = time.monotonic()
-    if not args.report_only:
-        execute(folders)
-    return report(args.lab, folders, None if args.report_only else time.monotonic() - started)
+    jobs, steps = max(1, args.jobs), [str(s) for s in args.steps]
+    if args.operators in ("all", "syntactic"):
+        folders = prepare(args.lab, jobs, args.seed, steps, args.fresh)
+        started = time.monotonic()
+        if not args.report_only:
+            execute(folders)
+        report(args.lab, folders, None if args.report_only else time.monotonic() - started)
+    if args.operators in ("all", "semantic"):
+        started = time.monotonic()
+        mutants, results = run_semantic(args.lab, jobs, args.seed, steps, args.fresh, not args.report_only)
+        semantic_report(args.lab, mutants, results, None if args.report_only else time.monotonic() - started)
+    return 0
 
 
 if __name__ == "__main__":
