@@ -104,6 +104,8 @@ def stores(mod, args: dict) -> None:
                     except sqlite3.Error:
                         pass
             probe.report(case["name"], outcome, **observed)
+    for case in args.get("interrupted", []):
+        probe.report_interrupted(probe.function(mod, case["fn"]), case)
 
 
 # --- steps 3-6 ----------------------------------------------------------------------------

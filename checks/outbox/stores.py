@@ -23,6 +23,7 @@ from labkit.judge.expect import (
     Miss,
     Plan,
     both,
+    closed_when_interrupted,
     raises,
     under,
 )
@@ -343,7 +344,17 @@ def check_stores(ctx: StepContext) -> list[Case]:
                                    under("2.creates-missing", _kept_table(path, has))),
                               clauses=("2.creates-missing",)))
         specs = [{"name": label, "fn": fn, "path": str(path)} for label, (path, fn) in paths.items()]
-        return ctx.cases("stores", plans, {"cases_spec": specs, "witness": witness.url})
+        interrupted = []
+        for fn in ("open_source", "open_sink"):
+            label = f"a Ctrl-C at every statement of {fn}"
+            plans.append(Plan(label, f"{fn}(path of a new file), a KeyboardInterrupt just before its 1st statement, "
+                                     "then its 2nd, ... (one new file each)",
+                              "the KeyboardInterrupt propagates; no connection left open",
+                              under("2.init-error-closes", closed_when_interrupted(fn)), clauses=("2.init-error-closes",)))
+            folder = ctx.path(f"interrupted-{fn}")
+            folder.mkdir()
+            interrupted.append({"name": label, "fn": fn, "folder": str(folder)})
+        return ctx.cases("stores", plans, {"cases_spec": specs, "witness": witness.url, "interrupted": interrupted})
     finally:
         witness.close()
 

@@ -9,7 +9,16 @@ from pathlib import Path
 
 from checks.outbox import schema as stores
 from checks.relay.outbox import DEFAULTS, SCHEMA, counter, make_outbox, name, row, rows_of
-from labkit.judge.expect import TRANSACTION_HINT, Miss, Plan, both, closed_on_error, describe, under
+from labkit.judge.expect import (
+    TRANSACTION_HINT,
+    Miss,
+    Plan,
+    both,
+    closed_on_error,
+    closed_when_interrupted,
+    describe,
+    under,
+)
 from labkit.judge.run import StepContext
 from labkit.judge.verdict import Case
 from labkit.values import decode, encode, show
@@ -22,6 +31,12 @@ KEEP_HINT = ("Create the tables only if missing (`CREATE TABLE IF NOT EXISTS`) a
              "only if missing (`INSERT OR IGNORE`): a counter reset to 0 hands out old tokens again, and a "
              "stale publisher's token looks current.")
 
+
+INTERRUPTED = "a Ctrl-C at every statement of open_outbox"
+LOCK_HELD = 0.3  # s: well within the 5 s busy timeout, so a correct open waits and succeeds
+WAIT_HINT = ("Initialise in one `BEGIN IMMEDIATE` transaction with the busy timeout: it waits for another "
+             "writer's lock. A deferred `BEGIN` reads first and then cannot wait when it starts writing "
+             "('database is locked' at once).")
 
 def _columns_miss(path: Path, table: str, expected: list) -> Miss | None:
     got = [(c[0], c[1].upper(), 1 if c[2] else 0, 1 if c[4] else 0) for c in stores.columns(path, table)]
@@ -101,6 +116,9 @@ def check_open(ctx: StepContext) -> list[Case]:
             row(name(rng, "kept"), state="quarantined", fence=last - 7, attempts=5, last_error="PermanentError: x")]
     make_outbox(saved, kept, counter=last, audit=False, wal=False)  # a file from before WAL: open must switch it
     before = stores.fingerprint(saved)
+    locked = ctx.path("locked.db")
+    make_outbox(locked, kept, counter=last, audit=False)
+    locked_before = stores.fingerprint(locked)
     garbage.write_bytes(b"this is not a database, just text\n" * 64)
     # Files that have some of the tables: set-up must create whatever is missing, not stop at the
     # first table it finds.
@@ -183,6 +201,13 @@ def check_open(ctx: StepContext) -> list[Case]:
         return check
 
     ok = under("1.connection", connection)
+
+    def waited(record: dict) -> Miss | None:
+        miss = connection(record)
+        if miss is not None:
+            miss.hint = WAIT_HINT
+        return miss
+
     plans = [
         Plan("open_outbox on a new file", "open_outbox(new file)",
              "a connection (isolation_level None, busy timeout 5 s); WAL; outbox and fence_counter as the contract "
@@ -211,9 +236,21 @@ def check_open(ctx: StepContext) -> list[Case]:
         Plan("open_outbox on a file that is not a database", "open_outbox(text file)",
              "sqlite3.DatabaseError; the connection closed",
              under("1.init-failure", closed_on_error("initialisation")), clauses=("1.init-failure",)),
+        Plan(f"open_outbox while another publisher writes for {LOCK_HELD} s",
+             f"open_outbox(a saved outbox in WAL mode) while another connection holds the write lock for {LOCK_HELD} s",
+             "a connection, once the other gives up the lock: initialisation waits for it (the busy timeout)",
+             both(under("1.busy-timeout", waited), under("1.reopen-keeps", lambda r: None if stores.fingerprint(locked)
+                                                      == locked_before else Miss("rows changed", KEEP_HINT))),
+             WAIT_HINT, clauses=("1.busy-timeout", "1.reopen-keeps")),
+        Plan(INTERRUPTED, "open_outbox(path of a new file), a KeyboardInterrupt just before its 1st statement, "
+             "then its 2nd, ... (one new file each)", "the KeyboardInterrupt propagates; no connection left open",
+             under("1.init-failure", closed_when_interrupted("open_outbox")), clauses=("1.init-failure",)),
     ]
     opens = [{"name": plans[0].name, "path": str(new)}, {"name": plans[1].name, "path": str(twice)},
              {"name": plans[1].name, "path": str(twice)}, {"name": plans[2].name, "path": str(saved)},
              {"name": plans[3].name, "path": str(outbox_only)}, {"name": plans[4].name, "path": str(counter_only)},
-             {"name": plans[5].name, "path": str(garbage)}]
-    return ctx.cases("opening", plans, {"opens": opens})
+             {"name": plans[5].name, "path": str(garbage)},
+             {"name": plans[6].name, "path": str(locked), "locked": LOCK_HELD}]
+    interrupted = ctx.path("interrupted")
+    interrupted.mkdir()
+    return ctx.cases("opening", plans, {"opens": opens, "interrupted": {"name": INTERRUPTED, "folder": str(interrupted)}})

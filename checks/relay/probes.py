@@ -69,11 +69,18 @@ def opening(mod, args: dict) -> None:
         for case in args["opens"]:
             probe.started(case["name"])
             opened.clear()
-            outcome, con = probe.call_keep(probe.function(mod, "open_outbox"), case["path"])
+            released = probe.hold_write_lock(case["path"], case["locked"]) if case.get("locked") else None
+            try:
+                outcome, con = probe.call_keep(probe.function(mod, "open_outbox"), case["path"])
+            finally:
+                if released is not None:
+                    released()
             observed = probe.opening(outcome, con, opened, case["path"])
             for c in opened:
                 c.close()
             probe.report(case["name"], outcome, **observed)
+    if "interrupted" in args:
+        probe.report_interrupted(probe.function(mod, "open_outbox"), args["interrupted"])
 
 
 # --- steps 2-7: one call on a connection to a file the judge prepared -------------------------

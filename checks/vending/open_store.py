@@ -19,7 +19,17 @@ from checks.vending.store import (
     shown,
     snapshot,
 )
-from labkit.judge.expect import TRANSACTION_HINT, Miss, Plan, both, describe, raises, returns, under
+from labkit.judge.expect import (
+    TRANSACTION_HINT,
+    Miss,
+    Plan,
+    both,
+    closed_when_interrupted,
+    describe,
+    raises,
+    returns,
+    under,
+)
 from labkit.judge.run import StepContext
 from labkit.judge.served import served
 from labkit.judge.verdict import Case
@@ -59,6 +69,7 @@ def check_store(ctx: StepContext) -> list[Case]:
     fresh = make_store(ctx.path("fresh.db"))
     state_saved = make_store(ctx.path("state-saved.db"), history)  # apart: an open case may have wiped `saved`
     state_busy = make_store(ctx.path("state-busy.db"), history)
+    locked = make_store(ctx.path("locked.db"), history)
     # Set-up met half done (a crash during it, an older program): every part of the schema alone.
     only_checkpoint = make_store(ctx.path("only-checkpoint.db"), history)
     stores.execute(only_checkpoint, "DROP TABLE ledger")
@@ -177,8 +188,27 @@ def check_store(ctx: StepContext) -> list[Case]:
     ]
     opens = [new, new, empty, saved, rowless, garbage, misshapen, only_checkpoint, only_ledger]
     states = [{"path": str(fresh)}, {"path": str(state_saved)}, {"path": str(state_busy), "held": True}]
+    interrupted = ctx.path("interrupted")
+    interrupted.mkdir()
     return (served(ctx, "open", plans[:9], [{"path": str(path)} for path in opens], observe_store)
+            + served(ctx, "interrupted", [INTERRUPTED_PLAN], [{"folder": str(interrupted)}])
+            + served(ctx, "open_busy", [Plan(
+                f"open_store while another connection writes for {LOCK_HELD} s",
+                f"open_store(a saved store) while another connection holds the write lock for {LOCK_HELD} s",
+                "a connection, once the other gives up the lock: initialisation waits for it (the busy timeout)",
+                retag("2.busy-timeout", opened, WAIT_HINT), WAIT_HINT, clauses=("2.busy-timeout",))],
+                [{"path": str(locked), "seconds": LOCK_HELD}], observe_store)
             + served(ctx, "state", plans[9:], states, observe_store))
+
+
+LOCK_HELD = 0.3  # s: well within the 1 s busy timeout, so a correct open waits and succeeds
+WAIT_HINT = ("Initialise in one `BEGIN IMMEDIATE` transaction with the 1 s busy timeout: it waits for another "
+             "writer's lock. A deferred `BEGIN` reads first and then cannot wait when it starts writing "
+             "('database is locked' at once).")
+INTERRUPTED_PLAN = Plan("a Ctrl-C at every statement of open_store",
+                        "open_store(path of a new file), a KeyboardInterrupt just before its 1st statement, then "
+                        "its 2nd, ... (one new file each)", "the KeyboardInterrupt propagates; no connection left open",
+                        under("2.init-failure", closed_when_interrupted("open_store")), clauses=("2.init-failure",))
 
 
 def closed_after_failure(record: dict) -> Miss | None:

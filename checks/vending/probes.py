@@ -95,6 +95,8 @@ def serve(mod, args: dict) -> None:
     runners: dict[str, Callable[[Any, dict, list], tuple[dict, dict]]] = {
         "open": open_case, "state": state_case, "call": store_call, "session": session_case,
         "client": client_case, "sweep": sweep_case,
+        "interrupted": lambda mod, case, cleanup: probe.interrupted(probe.function(mod, "open_store"), case["folder"]),
+        "open_busy": open_busy_case,
     }
     cleanup: list[Callable[[], Any]] = []
     with os.fdopen(int(os.environ["LABKIT_REQUEST_FD"]), "rb", closefd=True) as requests:
@@ -130,6 +132,15 @@ def open_case(mod, case: dict, cleanup: list) -> tuple[dict, dict]:
     cleanup.extend(c.close for c in opened)
     cleanup.append(kept.clear)
     return outcome, probe.opening(outcome, con, opened, case["path"])
+
+
+def open_busy_case(mod, case: dict, cleanup: list) -> tuple[dict, dict]:
+    """open_store(path) while another connection holds the write lock for `seconds`."""
+    released = probe.hold_write_lock(case["path"], case["seconds"])
+    try:
+        return open_case(mod, case, cleanup)
+    finally:
+        released()
 
 
 def state_case(mod, case: dict, cleanup: list) -> tuple[dict, dict]:

@@ -139,6 +139,36 @@ def closed_on_error(what: str) -> Callable[[dict], Miss | None]:
     return check
 
 
+INTERRUPT_HINT = ("A Ctrl-C (KeyboardInterrupt) is not an `Exception`: `except Exception:` lets it through "
+                  "and the connection stays open. Close it on every path: `except BaseException:` "
+                  "(close, then `raise`), or `try/finally`.")
+
+
+def closed_when_interrupted(fn: str) -> Callable[[dict], Miss | None]:
+    """`probe.interrupted_opens`: a Ctrl-C before any statement of `fn` comes out of it as
+    itself, and leaves no connection open."""
+
+    def check(record: dict) -> Miss | None:
+        tries = record["observed"].get("interrupted")
+        if not isinstance(tries, list) or not tries:
+            return Miss(f"{fn} ran no statement the check could interrupt", INTERRUPT_HINT)
+        for t in tries:
+            if not isinstance(t, dict):
+                return Miss("an unreadable report", INTERRUPT_HINT)
+            where = f"a Ctrl-C just before statement {t.get('k')} of {fn} (`{str(t.get('sql'))[:80]}`)"
+            if t.get("left_open"):
+                return Miss(f"{where} left {t.get('left_open')} connection(s) open", INTERRUPT_HINT)
+            if t.get("ended") == "returned":
+                return Miss(f"{where}: {fn} returned as if nothing happened; the KeyboardInterrupt was swallowed",
+                            "Close the connection, then re-raise: the caller must see the Ctrl-C.")
+            if t.get("ended") != "interrupted":
+                return Miss(f"{where}: {fn} raised {str(t.get('ended'))[:60]} instead of the KeyboardInterrupt",
+                            "Re-raise the original exception (a bare `raise`), not another one.")
+        return None
+
+    return check
+
+
 def returns(expected: Any, hint: str = "") -> Callable[[dict], Miss | None]:
     def check(record: dict) -> Miss | None:
         outcome = record["outcome"]

@@ -13,6 +13,7 @@ import importlib
 import json
 import os
 import sqlite3
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -22,6 +23,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from labkit.values import decode, encode
+
+REAL_CONNECT = sqlite3.connect  # before any student code runs (it may patch sqlite3)
 
 WITNESS_TIMEOUT = 10.0  # the judge's look is bounded well below this
 
@@ -263,6 +266,69 @@ def opening(outcome: dict, con: Any, opened: list, path: str) -> dict[str, Any]:
             observed.update(isolation_level=encode(con.isolation_level), busy_timeout=pragma(con, "busy_timeout"),
                             in_transaction=con.in_transaction)
     return observed
+
+
+def interrupted(fn: Callable | None, folder: str, *args: Any) -> tuple[dict, dict]:
+    """(outcome, observed) of `interrupted_opens` in `folder`. A function that runs no statement
+    at all (missing, still the skeleton) is described by one plain call instead."""
+    tries = interrupted_opens(fn, folder, *args)
+    outcome = {"kind": "returned", "value": encode(None)} if tries else \
+        call(fn, os.path.join(folder, "plain.db"), *args)
+    return outcome, {"interrupted": tries}
+
+
+def report_interrupted(fn: Callable | None, case: dict, *args: Any) -> None:
+    """The case `case["name"]`: `interrupted` in `case["folder"]`, reported."""
+    started(case["name"])
+    outcome, observed = interrupted(fn, case["folder"], *args)
+    report(case["name"], outcome, **observed)
+
+
+def hold_write_lock(path: str, seconds: float) -> Callable[[], None]:
+    """Another connection takes the write lock on `path` now (BEGIN IMMEDIATE) and gives it up
+    after `seconds`, from a thread; returns a function that waits for that (bounded)."""
+    other = REAL_CONNECT(path, isolation_level=None, timeout=1.0, check_same_thread=False)
+    other.execute("BEGIN IMMEDIATE")
+
+    def release() -> None:
+        time.sleep(seconds)
+        other.execute("ROLLBACK")
+        other.close()
+
+    thread = threading.Thread(target=release, name="labkit-writer", daemon=True)
+    thread.start()
+    return lambda: thread.join(seconds + 5.0)
+
+
+INTERRUPT_TRIES = 24  # more statements than any open_* function of the course runs
+
+
+def interrupted_opens(fn: Callable | None, folder: str, *args: Any) -> list[dict]:
+    """`fn(path, *args)` on a new file once per statement k = 1, 2, ... of the connections it
+    opens, with a KeyboardInterrupt (Ctrl-C) raised just before the k-th, until a call runs out of
+    statements: for each, the statement, how the call ended ("interrupted": the KeyboardInterrupt
+    came out; "returned"; or the name of what was raised instead) and how many connections it
+    left open."""
+    from labkit.probe import statements
+
+    tries: list[dict] = []
+    for k in range(1, INTERRUPT_TRIES + 1) if fn is not None else ():
+        fault = KeyboardInterrupt()
+        path = os.path.join(folder, f"interrupted-{k}.db")
+        with statements.faulty_connects(k, fault) as (counter, opened):
+            try:
+                fn(path, *args)
+                ended = "returned"
+            except BaseException as exc:  # noqa: BLE001 - the Ctrl-C, or what replaced it
+                ended = "interrupted" if exc is fault else type(exc).__name__
+            reached = counter.stop()
+        left = sum(1 for con in opened if is_open(con))
+        for con in opened:
+            con.close()
+        if not reached:
+            break  # every statement of the call has been interrupted once
+        tries.append({"k": k, "sql": counter.sql, "ended": ended, "left_open": left})
+    return tries
 
 
 def pragma(con: sqlite3.Connection, name: str) -> Any:

@@ -7,7 +7,8 @@ number, never a timer), both on the connection the probe hands the student:
   (e.g. the judge commits a competing write with its own connection). Counted by SQLite's own
   trace hook, so every statement counts whatever API ran it (execute, a cursor, executescript).
 - `faulty(path, k, fault)`: a connection whose k-th statement raises `fault` instead of running
-  (an exception, or a KeyboardInterrupt as Ctrl-C would deliver it), once.
+  (an exception, or a KeyboardInterrupt as Ctrl-C would deliver it), once; `faulty_connects`
+  does the same to the connections a function opens itself (an `open_*` function).
 
 Statements a trigger runs inside another statement are not counted: they are not boundaries
 where anything else can happen.
@@ -16,7 +17,8 @@ where anything else can happen.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 
 class Counter:
@@ -59,13 +61,9 @@ def before_statement(con: sqlite3.Connection, k: int, act: Callable[[str], None]
     return counter
 
 
-def faulty(path: str, k: int, fault: BaseException, timeout: float = 1.0) -> tuple[sqlite3.Connection, Counter]:
-    """A connection (isolation_level None) whose k-th statement raises `fault` before running."""
-    counter = Counter(k)
-
-    def gate(sql: str) -> None:
-        if counter.step(sql if isinstance(sql, str) else "?"):
-            raise fault
+def gated(base: type[sqlite3.Connection], gate: Callable[[str], None]) -> type[sqlite3.Connection]:
+    """A connection class (a subclass of `base`) that calls `gate(sql)` before every statement its
+    cursors run: execute, executemany, executescript (a script counts as one)."""
 
     class Cursor(sqlite3.Cursor):
         def execute(self, sql, *a, **kw):
@@ -80,7 +78,7 @@ def faulty(path: str, k: int, fault: BaseException, timeout: float = 1.0) -> tup
             gate(script)
             return super().executescript(script, *a, **kw)
 
-    class Connection(sqlite3.Connection):
+    class Connection(base):
         def cursor(self, factory=Cursor):
             return super().cursor(factory)
 
@@ -93,5 +91,41 @@ def faulty(path: str, k: int, fault: BaseException, timeout: float = 1.0) -> tup
         def executescript(self, script, *a, **kw):
             return self.cursor().executescript(script, *a, **kw)
 
-    con = sqlite3.connect(path, isolation_level=None, timeout=timeout, factory=Connection)
+    return Connection
+
+
+def _raising_at(counter: Counter, fault: BaseException) -> Callable[[str], None]:
+    def gate(sql: str) -> None:
+        if counter.step(sql if isinstance(sql, str) else "?"):
+            raise fault
+
+    return gate
+
+
+def faulty(path: str, k: int, fault: BaseException, timeout: float = 1.0) -> tuple[sqlite3.Connection, Counter]:
+    """A connection (isolation_level None) whose k-th statement raises `fault` before running."""
+    counter = Counter(k)
+    con = sqlite3.connect(path, isolation_level=None, timeout=timeout, factory=gated(sqlite3.Connection,
+                                                                                     _raising_at(counter, fault)))
     return con, counter
+
+
+@contextmanager
+def faulty_connects(k: int, fault: BaseException) -> Iterator[tuple[Counter, list[sqlite3.Connection]]]:
+    """While the block runs, every `sqlite3.connect` (the student's own, inside an `open_*`
+    function) opens a connection whose k-th statement, counted over all of them, raises `fault`
+    before running; yields the counter and the connections opened."""
+    counter = Counter(k)
+    real_connect = sqlite3.connect
+    opened: list[sqlite3.Connection] = []
+
+    def connect(*a, factory=sqlite3.Connection, **kw):
+        con = real_connect(*a, factory=gated(factory, _raising_at(counter, fault)), **kw)
+        opened.append(con)
+        return con
+
+    sqlite3.connect = connect
+    try:
+        yield counter, opened
+    finally:
+        sqlite3.connect = real_connect
