@@ -331,6 +331,16 @@ def _take_over(db: str, seq: int, owner: str, lease_until: float) -> None:
         other.close()
 
 
+def _break_outbox(db: str) -> None:
+    """The outbox table disappears while send runs (an operator's mistake): complete's or fail's
+    next statement on it fails with sqlite3's own OperationalError, which is not StaleLease."""
+    other = plain(db, timeout=2.0)
+    try:
+        other.execute("ALTER TABLE outbox RENAME TO outbox_gone")
+    finally:
+        other.close()
+
+
 def relaying(mod, args: dict) -> None:
     """Step 8: relay_once with a scripted `send` per event ID, and hooks that watch the file.
 
@@ -358,6 +368,8 @@ def relaying(mod, args: dict) -> None:
             log.append({"kind": "send", "event": encode(event), "seq": seq})
             if event_id == case.get("take_over") and seq is not None:
                 _take_over(db, seq, "B", case["now"] + 60)
+            if event_id == case.get("break_outbox"):
+                _break_outbox(db)
             reply = case["replies"].get(event_id, {"return": encode(True)})
             if "raise" in reply:
                 raise _error(mod, reply["raise"])

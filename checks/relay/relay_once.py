@@ -74,6 +74,11 @@ def check_relay_once(ctx: StepContext) -> list[Case]:
                  called="relay_once(...) where another publisher B claims row 1 while send runs"
                        + (" and send then raises OSError" if how == "fail" else ""),
                  replies={pair[0]["id"]: {"raise": "transient"}} if how == "fail" else {}, take_over=pair[0]["id"])
+    broken = [row(name(rng, "gone")), row(name(rng, "after"))]
+    scenario("the outbox table disappears during send (complete fails, not stale)", broken, _not_stale,
+             ("8.stale-skip",), expected="sqlite3.OperationalError (no such table) propagates: only StaleLease "
+                                         "counts as stale",
+             called="relay_once(...) where the outbox table is renamed while send runs", break_outbox=broken[0]["id"])
     for kind, label in (("keyboard", "KeyboardInterrupt"), ("system_exit", "SystemExit")):
         one = [row(name(rng, "ctrl-c")), row(name(rng, "next"))]
         scenario(f"{label} from send propagates", one, _propagates(label), ("8.base-exception",),
@@ -322,6 +327,17 @@ def _stale(how: str):
         return check
 
     return make
+
+
+def _not_stale(db: Path, rows: list[dict], seed: int, policy: dict):
+    def check(record: dict) -> Miss | None:
+        outcome = record["outcome"]
+        if outcome["kind"] == "raised" and outcome["type"] == "OperationalError":
+            return None
+        return Miss(describe(outcome), "Catch `StaleLease` only: another error from complete or fail (here "
+                                       "sqlite3's 'no such table') is not another publisher's claim; let it propagate.")
+
+    return check
 
 
 def _propagates(name_: str):
