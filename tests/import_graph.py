@@ -12,7 +12,6 @@ from tripping over it: the two folders cannot be understood, tested or moved apa
 from __future__ import annotations
 
 import ast
-import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -119,7 +118,6 @@ def circles(edges) -> list[list[str]]:
             if len(component) > 1:
                 found.append(sorted(component))
 
-    sys.setrecursionlimit(max(1000, 10 * len(graph)))
     for node in sorted(graph):
         if node not in index:
             strong(node)

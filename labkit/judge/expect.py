@@ -281,9 +281,8 @@ def ended_case(ended: dict, name: str, called: str, expected: str) -> Case:
                     "Something here holds far more in memory than it needs: a list that keeps growing, "
                     "a whole file or stream read at once, a cache without a bound.")
     code = ended.get("exit_code")
-    how = (f"was killed by {signal_name(-code)}" if isinstance(code, int) and code < 0
-           else f"exited with status {code}")
-    return Case(name, Outcome.DIED, called, expected, f"the process {how} before answering",
+    how = f"killed by {signal_name(-code)}" if isinstance(code, int) and code < 0 else f"exit code {code}"
+    return Case(name, Outcome.DIED, called, expected, f"the process died ({how}) before answering",
                 "Something in your code ended the interpreter (os._exit, a crash, a signal).")
 
 
