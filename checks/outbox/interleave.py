@@ -4,7 +4,7 @@ A function that is right whenever nobody else writes can still be wrong the mome
 does: an id looked up before `BEGIN IMMEDIATE` and written after it, a deferred `BEGIN` that
 fails at its first write, "database is locked" taken for a duplicate, a handler that catches
 only `Exception`. These cases find such mistakes deterministically, by statement number, not
-by timing: the child (`interleaving` in outbox_probes.py) calls the function once per
+by timing: the child (`interleaving` in probes.py) calls the function once per
 statement boundary, each time on a fresh copy of the same file, and
 
 - "compete": just before statement k, the judge does the same work with its own connection

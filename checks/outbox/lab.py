@@ -2,13 +2,13 @@
 
 One check per contract step, then the crash check. Each check prepares real SQLite files
 with the judge's own connections, lets a child process run the student's `worker.py`
-(see `outbox_probes.py`), and decides from what the judge observes itself: the DB files
+(see `probes.py`), and decides from what the judge observes itself: the DB files
 (read with its own connections, also *while* the student's code runs, through the witness
 endpoint in `labkit/judge/witness.py`), its own servers' records, and exit codes. The child's
 reports are evidence about return values only.
 
-Every case is tagged with the contract clauses it tries (`outbox_contract.py`); every kind
-of every near-miss (`outbox_inputs.py`) is tried in every run, and the seed only adds.
+Every case is tagged with the contract clauses it tries (`contract.py`); every kind
+of every near-miss (`inputs.py`) is tried in every run, and the seed only adds.
 """
 
 from __future__ import annotations

@@ -46,7 +46,7 @@ def files(template: Path, folder: Path) -> dict[str, list[Path]]:
 
 
 def spec(name: str, fn: str, args: list, dbs: dict[str, list[Path]], writer: list | dict) -> dict:
-    """A call spec for `relay_probes.on_outbox` that runs `fn` once per statement in each mode.
+    """A call spec for `probes.on_outbox` that runs `fn` once per statement in each mode.
     `writer`: the competing publisher's SQL statements, or {"call": fn, "args": [...], "landed":
     the encoded return value that means it wrote} to run the student's own function."""
     plan = []
