@@ -9,6 +9,7 @@ import ast
 import importlib.util
 from pathlib import Path
 
+import import_graph
 import pytest
 
 from labkit import labs
@@ -54,7 +55,7 @@ def test_a_malformed_manifest_names_its_file(tmp_path):
 
 def _imports(path: Path) -> set[str]:
     found = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in ast.walk(import_graph.parse(path)):
         if isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:

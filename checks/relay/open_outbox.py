@@ -18,6 +18,7 @@ from labkit.judge.expect import (
     closed_when_interrupted,
     describe,
     under,
+    waited_for_lock,
 )
 from labkit.judge.run import StepContext
 from labkit.judge.verdict import Case
@@ -202,12 +203,6 @@ def check_open(ctx: StepContext) -> list[Case]:
 
     ok = under("1.connection", connection)
 
-    def waited(record: dict) -> Miss | None:
-        miss = connection(record)
-        if miss is not None:
-            miss.hint = WAIT_HINT
-        return miss
-
     plans = [
         Plan("open_outbox on a new file", "open_outbox(new file)",
              "a connection (isolation_level None, busy timeout 5 s); WAL; outbox and fence_counter as the contract "
@@ -239,7 +234,7 @@ def check_open(ctx: StepContext) -> list[Case]:
         Plan(f"open_outbox while another publisher writes for {LOCK_HELD} s",
              f"open_outbox(a saved outbox in WAL mode) while another connection holds the write lock for {LOCK_HELD} s",
              "a connection, once the other gives up the lock: initialisation waits for it (the busy timeout)",
-             both(under("1.busy-timeout", waited), under("1.reopen-keeps", lambda r: None if stores.fingerprint(locked)
+             both(waited_for_lock(ok, "1.busy-timeout", WAIT_HINT), under("1.reopen-keeps", lambda r: None if stores.fingerprint(locked)
                                                       == locked_before else Miss("rows changed", KEEP_HINT))),
              WAIT_HINT, clauses=("1.busy-timeout", "1.reopen-keeps")),
         Plan(INTERRUPTED, "open_outbox(path of a new file), a KeyboardInterrupt just before its 1st statement, "

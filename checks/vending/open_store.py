@@ -29,6 +29,7 @@ from labkit.judge.expect import (
     raises,
     returns,
     under,
+    waited_for_lock,
 )
 from labkit.judge.run import StepContext
 from labkit.judge.served import served
@@ -196,7 +197,7 @@ def check_store(ctx: StepContext) -> list[Case]:
                 f"open_store while another connection writes for {LOCK_HELD} s",
                 f"open_store(a saved store) while another connection holds the write lock for {LOCK_HELD} s",
                 "a connection, once the other gives up the lock: initialisation waits for it (the busy timeout)",
-                retag("2.busy-timeout", opened, WAIT_HINT), WAIT_HINT, clauses=("2.busy-timeout",))],
+                waited_for_lock(opened, "2.busy-timeout", WAIT_HINT), WAIT_HINT, clauses=("2.busy-timeout",))],
                 [{"path": str(locked), "seconds": LOCK_HELD}], observe_store)
             + served(ctx, "state", plans[9:], states, observe_store))
 

@@ -139,6 +139,20 @@ def closed_on_error(what: str) -> Callable[[dict], Miss | None]:
     return check
 
 
+def waited_for_lock(check: Callable[[dict], Miss | None], clause: str, hint: str) -> Callable[[dict], Miss | None]:
+    """`check` of a call made while another connection held the write lock for a moment: a
+    "database is locked" miss is the busy timeout's (`clause`, told with `hint`); any other miss
+    keeps the clause `check` gave it (a failure that has nothing to do with the lock)."""
+
+    def waited(record: dict) -> Miss | None:
+        miss = check(record)
+        if miss is not None and "database is locked" in miss.got:
+            miss.clause, miss.hint = clause, hint
+        return miss
+
+    return waited
+
+
 INTERRUPT_HINT = ("A Ctrl-C (KeyboardInterrupt) is not an `Exception`: `except Exception:` lets it through "
                   "and the connection stays open. Close it on every path: `except BaseException:` "
                   "(close, then `raise`), or `try/finally`.")
