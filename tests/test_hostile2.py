@@ -111,6 +111,14 @@ def _texts(out: Path) -> dict[str, str]:
     return found
 
 
+def _said(row: dict | None, own: str) -> str:
+    """A missing payload's diagnosis: the row's status and what its feedback says of ends and limits."""
+    if row is None:
+        return "no row"
+    ends = re.findall(r".{0,120}(?:FIRED:|did not finish|killed|died|budget|could not run).{0,160}", own)
+    return f"status {row.get('status')!r} {row.get('message', '')[:200]!r}; " + " | ".join(ends[:4])
+
+
 def test_the_batch_finishes_with_a_row_per_student(batch):
     proc = batch["proc"]
     assert proc.returncode == 0, (proc.stdout[-3000:] + proc.stderr[-3000:]).decode(errors="replace")
@@ -144,10 +152,14 @@ def test_each_entry_gets_the_grade_it_deserves(batch):
 
 
 def test_every_payload_fired_inside_the_sandbox(batch):
-    texts = "\n".join(_texts(batch["out"]).values())
-    missing = [f"{e.student!r}: {text!r}" for e in batch["entries"] for text in e.evidence
-               if text not in texts and not (_rows(batch).get(e.student, {}).get("status") == "malformed"
-                                             and "malformed" in e.alternatives)]
+    texts, rows, missing = _texts(batch["out"]), _rows(batch), []
+    for e in batch["entries"]:
+        if rows.get(e.student, {}).get("status") == "malformed" and "malformed" in e.alternatives:
+            continue
+        own = "\n".join(t for path, t in texts.items() if f"/{e.student}/" in path)
+        for item in e.evidence:
+            if not any(text in own for text in ((item,) if isinstance(item, str) else item)):
+                missing.append(f"{e.student!r}: {item!r}; its row says: {_said(rows.get(e.student), own)}")
     assert not missing, "no evidence that these payloads ran:\n" + "\n".join(missing)
     rows = _rows(batch)
     for e in batch["entries"]:  # a pipe attack that made its row malformed: the row says why

@@ -178,3 +178,31 @@ def test_closing_the_launcher_ends_every_child_and_leaves_no_cgroup(served):
     assert proc.wait(30) is not None
     assert not any(path.exists() for paths in groups for path in paths)
     assert not reaper.marked_pids(marker)
+
+
+@pytest.mark.parametrize("failures", [1, 2])
+def test_a_judge_box_that_ends_before_the_judge_began_is_retried_once_then_named(tmp_path, monkeypatch, failures):
+    """The launcher attaches to the judge's first process; when that process is already gone
+    (bwrap failed after reporting it), nothing of the student's ran: the run is tried once
+    more, and a second such end is a readable error, never the grader's own traceback."""
+    from labkit.grading import judge_box
+
+    if not sandbox.support().ok:
+        pytest.skip(f"no sandbox here: {sandbox.support().reason}")
+    real, calls = launcher.Launcher.attach, []
+
+    def attach(self, judge_pid):
+        calls.append(judge_pid)
+        if len(calls) <= failures:
+            raise FileNotFoundError(f"/proc/{judge_pid}/ns/net")
+        return real(self, judge_pid)
+
+    monkeypatch.setattr(launcher.Launcher, "attach", attach)
+    module = tmp_path / "warmup.py"
+    module.write_text((ROOT / "solutions" / "warmup.py").read_text())
+    run = judge_box.run("start-here", module, 1, uid=sandbox.uid(), timeout=120)
+    assert len(calls) == 2
+    if failures == 1:
+        assert run.verdict is not None and run.error == "", run.error
+    else:
+        assert run.verdict is None and run.error.startswith("the judge's sandbox ended before the judge began")

@@ -14,6 +14,7 @@ child's stdout is a file of its own): nothing a child could touch is read back a
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import select
@@ -42,6 +43,7 @@ class JudgeRun:
     error: str = ""
     seconds: float = 0.0
     sandbox: str = "none"
+    retry: bool = False  # nothing of the student's ran: the sandbox failed to start the judge
 
 
 def _env(uid: int | None, marker_env: dict[str, str]) -> dict[str, str]:
@@ -78,10 +80,13 @@ def judge_session(uid: int, module: Path, env: dict[str, str], tables: Path | No
         proc = box.spawn(argv, cwd=JUDGE_TMP, env=env, start_new_session=True,
                          pass_fds=(launch.judge_end.fileno(),), **popen)
         judge_pid = box.wait_child_pid(launcher.START_TIMEOUT)
-        if judge_pid is None:  # bwrap failed: its exit status and stderr say why
-            launch.judge_end.close()
-        else:
+        try:
+            if judge_pid is None:  # bwrap failed: its exit status and stderr say why
+                raise ProcessLookupError("bubblewrap reported no process")
             launch.attach(judge_pid)
+        except OSError:  # its first process already gone: no judge, so no student code, ran
+            launch.judge_end.close()
+            proc.never_attached = True
         return proc
 
     try:
@@ -97,6 +102,15 @@ def run(lab: str, module: Path, seed: int, *, uid: int | None, timeout: float,
     Sandboxed, the judge runs as `uid` with no capabilities, and this process keeps the only
     privilege: a `launcher` thread that makes its children's sandboxes on request.
     """
+    started = time.monotonic()
+    run = _run_once(lab, module, seed, uid=uid, timeout=timeout, marker_env=marker_env)
+    if run.retry:  # the box ended before its judge began (bwrap's own failure): once more
+        run = _run_once(lab, module, seed, uid=uid, timeout=timeout, marker_env=marker_env)
+    return dataclasses.replace(run, seconds=time.monotonic() - started)
+
+
+def _run_once(lab: str, module: Path, seed: int, *, uid: int | None, timeout: float,
+              marker_env: dict[str, str] | None) -> JudgeRun:
     started = time.monotonic()
     env = _env(uid, marker_env or {})
     argv = [sys.executable, "-P", "-m", "labkit", "check", lab, "--solution", str(module),
@@ -132,6 +146,9 @@ def run(lab: str, module: Path, seed: int, *, uid: int | None, timeout: float,
         err.seek(0)
         said = err.read(3000).decode("utf-8", "replace").strip()
     seconds = time.monotonic() - started
+    if getattr(proc, "never_attached", False):
+        return JudgeRun(None, f"the judge's sandbox ended before the judge began (exit code {proc.returncode}): "
+                        f"{said}", seconds, _label(box), retry=True)
     if proc.returncode not in (0, 1):
         return JudgeRun(None, f"the judge exited with code {proc.returncode}: {said}", seconds, _label(box))
     try:

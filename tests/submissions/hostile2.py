@@ -39,7 +39,9 @@ FLOOD = "FLOOD-RAW-c4d7"
 
 @dataclass
 class Hostile(Entry):
-    evidence: tuple[str, ...] = ()  # texts that prove the payload ran (found in out/executed or out/feedback)
+    # Texts that prove the payload ran, each found in this entry's own out/executed or out/feedback;
+    # an item that is a tuple is proven by any one of its texts.
+    evidence: tuple[str | tuple[str, ...], ...] = ()
     alternatives: tuple[str, ...] = ()  # other statuses the design allows ("malformed" for bounded parsers)
     raw: str = ""  # "symlink:<target>" written instead of a notebook
     extra: dict[str, str] = field(default_factory=dict)
@@ -381,6 +383,11 @@ _t('thread bomb', _threads)
 """
 
 
+# The judge's own words when the cgroup killed its child: the hog ran and the box stopped it
+# (what happens when the child's resident memory, not its address space, meets the limit first).
+MEMORY_KILLED = "killed by the memory limit"
+
+
 def _child_payload(body: str) -> str:
     return "def _payload(con):\n    _r = []\n" + "\n".join("    " + line for line in body.splitlines()) + \
         "\n    return ' | '.join(_r)\n"
@@ -627,7 +634,7 @@ def build(release: NotebookNode, reference: str, targets: Targets, *, wrong_mark
     memo = ref()
     _after(memo, setup, kernel_cell("memo-kernel", MEMORY))
     _set_step(memo, "3", witness("memo", _child_payload(MEMORY)))
-    entries.append(Hostile("memo", "01-lab.ipynb", memo, wit, evidence=("FIRED:memo: memory", "FIRED:memo-kernel: ["),
+    entries.append(Hostile("memo", "01-lab.ipynb", memo, wit, evidence=(("FIRED:memo: memory", MEMORY_KILLED), "FIRED:memo-kernel: ["),
                            why="allocates until refused and fills /dev/shm, in the kernel and the judge's child"))
     entries.append(Hostile("disky", "01-lab.ipynb", witnessing("disky", _child_payload(DISK)), wit,
                            evidence=("FIRED:disky: step folder",),
