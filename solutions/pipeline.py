@@ -211,8 +211,8 @@ def _decode(fields):
         raise ValueError("the entry has no body field")
     try:
         event = json.loads(fields["body"])
-    except ValueError:
-        raise ValueError("the body is not JSON") from None
+    except (ValueError, RecursionError):  # nested a thousand deep: RecursionError, not ValueError
+        raise ValueError("the body is not JSON (or is nested too deeply)") from None
     event = validate_event(event)
     if "id" in fields and fields["id"] != event["id"]:
         raise ValueError(f"the id field says {fields['id']!r}, the body says {event['id']!r}")
