@@ -1,0 +1,77 @@
+"""What a judged child, in the course's own sandbox (`profiles.child`), can reach of the servers.
+
+Found here, for the checks' author: Valkey over loopback TCP needs nothing (a child shares the
+judge's network); PostgreSQL's socket lives in the judge's folder, which a box does not show,
+so the socket directory must be bound into the child's box (read-only is enough: connecting
+to a socket is not a write to its file system). The data directory stays out of sight.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+
+import pytest
+from server_folders import temp_base
+
+from labkit import sandbox
+from labkit.sandbox import profiles
+from labkit.servers import postgres, valkey
+
+CHILD = """
+import sys, psycopg, valkey
+dsn, data_dir, kwargs = sys.argv[1], sys.argv[2], eval(sys.argv[3])
+try:
+    with psycopg.connect(dsn, connect_timeout=10) as c:
+        print("postgres", c.execute("SELECT current_user").fetchone()[0])
+except psycopg.OperationalError as e:
+    print("postgres refused", "No such file or directory" in str(e))
+try:
+    open(data_dir + "/PG_VERSION").read()
+    print("data read")
+except OSError as e:
+    print("data", type(e).__name__)
+print("valkey", valkey.Valkey(**kwargs).xadd("lab:1:s", {"a": "1"}) is not None)
+"""
+
+
+@pytest.fixture(scope="module")
+def servers():
+    found = sandbox.support()
+    if not found.ok:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must be able to sandbox: {found.reason}")
+        pytest.skip(f"no sandbox here: {found.reason}")
+    for base in temp_base():
+        with postgres.running(base / "pg") as pg, valkey.running(base / "vk") as vk:
+            yield pg, postgres.fresh_database(pg, "step_1"), valkey.fresh_user(vk, "lab:1:")
+
+
+def run_boxed(tmp_path, pg, db, user, extra_read_only=()) -> list[str]:
+    module = tmp_path / "student.py"
+    module.write_text("")
+    policy = profiles.child(sandbox.uid(), module=module, workdir=tmp_path)
+    policy = dataclasses.replace(policy, read_only=(*policy.read_only, *extra_read_only))
+    box = sandbox.Box.open(profiles.copy_module(policy), sandbox.support().cgroups)
+    proc = box.spawn([sys.executable, "-c", CHILD, db.dsn, str(pg.data_dir), repr(user.client_kwargs())],
+                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=60)
+    finally:
+        box.close(proc)
+    assert proc.returncode == 0, err
+    return out.splitlines()
+
+
+def test_a_boxed_child_does_not_see_the_socket_in_the_judges_folder(tmp_path, servers):
+    pg, db, user = servers
+    assert run_boxed(tmp_path, pg, db, user) == [
+        "postgres refused True", "data FileNotFoundError", "valkey True"]
+
+
+def test_a_boxed_child_connects_once_the_socket_directory_is_bound_read_only(tmp_path, servers):
+    pg, db, user = servers
+    assert run_boxed(tmp_path, pg, db, user, extra_read_only=(pg.socket_dir,)) == [
+        f"postgres {db.role}", "data FileNotFoundError", "valkey True"]
