@@ -39,7 +39,7 @@ def _connect(dsn: str):
 def _valkey(kwargs: dict):
     import valkey
 
-    return valkey.Valkey(**kwargs, socket_timeout=10)
+    return valkey.Valkey(**kwargs, socket_timeout=5)
 
 
 class Case:
