@@ -180,6 +180,37 @@ def test_trust_is_gone_a_connection_needs_the_right_password(server):
     assert rules == [["local", "all", "judge", "scram-sha-256"], ["local", "sameuser", "all", "scram-sha-256"]]
 
 
+def ownership(server: postgres.PostgresServer, db: postgres.Database) -> tuple:
+    with connect(db.judge_dsn) as judge:
+        return judge.execute(
+            "SELECT pg_get_userbyid(d.datdba), pg_get_userbyid(n.nspowner), d.datacl::text[] "
+            "FROM pg_database d, pg_namespace n WHERE d.datname = current_database() AND n.nspname = 'public'"
+        ).fetchone()
+
+
+def test_a_database_from_a_spare_and_one_copied_on_demand_are_alike(server, base):
+    from_spare = postgres.fresh_database(server, unique("spare"))
+    with postgres.running(base / "pg", spares=0) as bare:
+        copied = postgres.fresh_database(bare, unique("copied"))
+        for found, db in ((ownership(server, from_spare), from_spare), (ownership(bare, copied), copied)):
+            assert found[:2] == (db.role, "pg_database_owner")
+            assert not any(entry.startswith("=") for entry in found[2]), found  # nothing for PUBLIC
+            with connect(db.dsn) as student:
+                student.execute("CREATE TABLE t (x int)")
+
+
+def test_spares_waiting_for_a_step_are_out_of_a_students_reach(server):
+    db = postgres.fresh_database(server, unique("nearspare"))
+    deadline = time.monotonic() + 30
+    while not server._spares and time.monotonic() < deadline:
+        time.sleep(0.01)
+    spare = server._spares[0]
+    with pytest.raises(psycopg.OperationalError, match="no pg_hba.conf entry"):
+        connect(psycopg.conninfo.make_conninfo(db.dsn, dbname=spare))
+    with connect(server.judge_dsn()) as judge:
+        assert judge.execute("SELECT has_database_privilege(%s, %s, 'CONNECT')", (db.role, spare)).fetchone() == (False,)
+
+
 def test_a_name_that_is_not_a_plain_identifier_is_refused(server):
     for name in ("Step", "a;drop", "postgres", "judge", "pg_x", "", "x" * 64):
         with pytest.raises(ValueError):
@@ -247,6 +278,9 @@ def test_sigkill_of_every_process_then_restart_keeps_committed_rows(server):
     with connect(db.dsn) as student:
         assert student.execute("SELECT x FROM t").fetchall() == [(7,)]
     idle.close()
+    later = postgres.fresh_database(server, unique("afterkill"))  # steps go on after a crash
+    with connect(later.dsn) as student:
+        assert student.execute("SELECT current_database()").fetchone() == (later.name,)
 
 
 def test_pause_hangs_connections_and_resume_answers_them(server):
