@@ -211,6 +211,17 @@ def test_spares_waiting_for_a_step_are_out_of_a_students_reach(server):
         assert judge.execute("SELECT has_database_privilege(%s, %s, 'CONNECT')", (db.role, spare)).fetchone() == (False,)
 
 
+def test_steps_side_by_side_each_get_their_own_database(server):
+    from concurrent.futures import ThreadPoolExecutor
+
+    names = [unique(f"side{n}") for n in range(8)]
+    with ThreadPoolExecutor(8) as pool:  # a judge's steps run in threads
+        databases = list(pool.map(lambda name: postgres.fresh_database(server, name), names))
+    for db in databases:
+        with connect(db.dsn) as student:
+            assert student.execute("SELECT current_database()").fetchone() == (db.name,)
+
+
 def test_a_name_that_is_not_a_plain_identifier_is_refused(server):
     for name in ("Step", "a;drop", "postgres", "judge", "pg_x", "", "x" * 64):
         with pytest.raises(ValueError):
