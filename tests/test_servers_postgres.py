@@ -337,6 +337,14 @@ def test_a_paused_server_is_stopped_too(base):
     assert leftovers(server.folder) == NOTHING
 
 
+def test_a_folder_that_exists_already_is_refused_and_kept(base):
+    (base / "pg").mkdir()
+    (base / "pg" / "yours.txt").write_text("kept")
+    with pytest.raises(FileExistsError):
+        postgres.start(base / "pg")
+    assert (base / "pg" / "yours.txt").read_text() == "kept"
+
+
 def test_stop_twice_is_harmless(base):
     server = postgres.start(base / "pg")
     postgres.stop(server)

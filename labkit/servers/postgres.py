@@ -207,7 +207,7 @@ class Database:
 
 
 def start(folder: Path, programs: PostgresPrograms | None = None, spares: int = SPARES) -> PostgresServer:
-    """A new cluster in `folder` (made if missing; its parent must exist), started and ready;
+    """A new cluster in `folder` (made here: it must not exist, its parent must), started and ready;
     `spares` databases are then made ahead in the background (0: none, each step waits for its
     copy). On any failure what was started is stopped and the folder removed before the error rises."""
     programs = programs or find_programs()

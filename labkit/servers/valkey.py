@@ -153,7 +153,7 @@ class ValkeyUser:
 
 
 def start(folder: Path, program: Path | None = None) -> ValkeyServer:
-    """A new server in `folder` (made if missing; its parent must exist), ready for the judge.
+    """A new server in `folder` (made here: it must not exist, its parent must), ready for the judge.
     On any failure what was started is stopped and the folder removed before the error rises."""
     program, source = (Path(program), "given") if program is not None else find_program()
     who = server_user()
