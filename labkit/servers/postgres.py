@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import glob
 import importlib.util
 import os
 import re
@@ -72,7 +73,7 @@ STOP_TIMEOUT = 10.0
 # (~1 ms) instead of a copy of template1 (15 ms idle, 100-500 ms on a loaded 2-core machine).
 SPARES = 4
 MAX_SOCKET_PATH = 107  # sun_path's size on Linux, less the final NUL
-NSS_WRAPPER = Path("/usr/lib/x86_64-linux-gnu/libnss_wrapper.so")
+NSS_WRAPPER_GLOBS = ("/usr/lib/*/libnss_wrapper.so", "/usr/lib64/libnss_wrapper.so", "/usr/lib/libnss_wrapper.so")
 
 SETTINGS = {
     "listen_addresses": "''",
@@ -263,18 +264,26 @@ def _initdb(server: PostgresServer) -> None:
         raise ServerFailed(f"initdb ({server.programs.source}) failed ({code}):\n{log_tail(log)}")
 
 
+def nss_wrapper() -> Path | None:
+    """Debian's libnss-wrapper: a passwd entry for a uid that has none, by LD_PRELOAD."""
+    for pattern in NSS_WRAPPER_GLOBS:
+        for found in sorted(glob.glob(pattern)):
+            return Path(found)
+    return None
+
+
 def _nss_wrapper(server: PostgresServer) -> dict:
-    if not NSS_WRAPPER.exists():
-        uid = os.geteuid() if server.run_as.uid is None else server.run_as.uid
+    library = nss_wrapper()
+    uid = os.geteuid() if server.run_as.uid is None else server.run_as.uid
+    if library is None:
         raise ServerMissing(
             f"initdb needs a passwd entry for its uid ({uid}) and this one has none; install "
             f"nss_wrapper (Debian: apt-get install libnss-wrapper) or give the uid an account.")
-    uid = os.geteuid() if server.run_as.uid is None else server.run_as.uid
     gid = os.getegid() if server.run_as.gid is None else server.run_as.gid
     passwd, group = server.folder / "passwd", server.folder / "group"
     passwd.write_text(f"labkit-postgres:x:{uid}:{gid}::{server.folder}:/bin/false\n")
     group.write_text(f"labkit-postgres:x:{gid}:\n")
-    return {"LD_PRELOAD": str(NSS_WRAPPER), "NSS_WRAPPER_PASSWD": str(passwd), "NSS_WRAPPER_GROUP": str(group)}
+    return {"LD_PRELOAD": str(library), "NSS_WRAPPER_PASSWD": str(passwd), "NSS_WRAPPER_GROUP": str(group)}
 
 
 def _configure(server: PostgresServer) -> None:

@@ -115,10 +115,12 @@ def processes_in(folder: Path) -> list[int]:
 
 
 def signal_all(pids: Iterable[int], sig: int) -> None:
+    """Signal each; one already gone, or not ours to signal, is passed over (`end` names what
+    outlived it)."""
     for pid in pids:
         try:
             os.kill(pid, sig)
-        except ProcessLookupError:
+        except (ProcessLookupError, PermissionError):
             pass
 
 
