@@ -1,7 +1,7 @@
 """The PostgreSQL server: one per judge run, in a folder of the judge's, a database per step.
 
     with postgres.running(folder) as server:          # initdb + start, ~0.6 s
-        db = postgres.fresh_database(server, "step_3")  # a role that owns only its database
+        db = postgres.fresh_database(server, "step_3")  # a role that owns only its database, ~1 ms
         student_dsn, judge_dsn = db.dsn, db.judge_dsn   # libpq keyword strings, host=<socket dir>
         postgres.stop_immediately(server); postgres.restart(server)   # a crash, then recovery
 
