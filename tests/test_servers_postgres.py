@@ -5,7 +5,9 @@ error, and each is paired with the same thing done rightly (or by the judge) suc
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import tempfile
 import time
 from pathlib import Path
 
@@ -220,6 +222,29 @@ def test_steps_side_by_side_each_get_their_own_database(server):
     for db in databases:
         with connect(db.dsn) as student:
             assert student.execute("SELECT current_database()").fetchone() == (db.name,)
+
+
+def test_the_socket_linked_into_a_step_folder_serves_the_student_and_replaces_what_was_there(server, base):
+    db = postgres.fresh_database(server, unique("linked"))
+    step = base / "step"
+    step.mkdir()
+    target = base / "judge-only.txt"
+    target.write_text("untouched")
+    (step / ".s.PGSQL.5432").symlink_to(target)  # what a child could leave there
+    dsn = postgres.socket_in(server, db, step)
+    assert target.read_text() == "untouched" and (step / ".s.PGSQL.5432").is_socket()
+    with connect(dsn) as student:
+        assert student.execute("SELECT current_user").fetchone() == (db.role,)
+
+
+def test_a_step_folder_on_another_file_system_is_named_in_the_error(server):
+    db = postgres.fresh_database(server, unique("elsewhere"))
+    other = Path(tempfile.mkdtemp(dir="/dev/shm"))
+    try:
+        with pytest.raises(postgres.ServerFailed, match="same file system"):
+            postgres.socket_in(server, db, other)
+    finally:
+        shutil.rmtree(other)
 
 
 def test_a_name_that_is_not_a_plain_identifier_is_refused(server):

@@ -1,9 +1,10 @@
 """What a judged child, in the course's own sandbox (`profiles.child`), can reach of the servers.
 
 Found here, for the checks' author: Valkey over loopback TCP needs nothing (a child shares the
-judge's network); PostgreSQL's socket lives in the judge's folder, which a box does not show,
-so the socket directory must be bound into the child's box (read-only is enough: connecting
-to a socket is not a write to its file system). The data directory stays out of sight.
+judge's network); PostgreSQL's socket lives in the judge's folder, which a box does not show:
+either a hard link to it in the step folder (`postgres.socket_in`, made again after each
+restart; no change to the box) or a bind of the socket directory into the box (read-only is
+enough: connecting is not a write to the file system). The data directory stays out of sight.
 """
 
 from __future__ import annotations
@@ -73,6 +74,17 @@ def test_a_boxed_child_does_not_see_the_socket_in_the_judges_folder(tmp_path, se
     pg, db, user = servers
     assert run_boxed(tmp_path, pg, db, user) == [
         "postgres refused True", "data FileNotFoundError", "valkey True"]
+
+
+def test_a_boxed_child_connects_through_a_link_in_its_step_folder_made_again_after_a_restart(tmp_path, servers):
+    pg, db, user = servers
+    linked = dataclasses.replace(db, dsn=postgres.socket_in(pg, db, tmp_path))
+    assert f"host={tmp_path}" in linked.dsn
+    assert run_boxed(tmp_path, pg, linked, user)[0] == f"postgres {db.role}"
+    postgres.restart(pg)
+    assert run_boxed(tmp_path, pg, linked, user)[0] == "postgres refused False"  # a stale link: refused
+    linked = dataclasses.replace(db, dsn=postgres.socket_in(pg, db, tmp_path))
+    assert run_boxed(tmp_path, pg, linked, user)[0] == f"postgres {db.role}"
 
 
 def test_a_boxed_child_connects_once_the_socket_directory_is_bound_read_only(tmp_path, servers):

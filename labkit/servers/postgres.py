@@ -404,6 +404,25 @@ def fresh_database(server: PostgresServer, name: str) -> Database:
     return Database(name, name, password, dsn, server.judge_dsn(name))
 
 
+def socket_in(server: PostgresServer, db: Database, folder: Path) -> str:
+    """The student's DSN through a hard link to the server's socket made in `folder`.
+
+    A judged child's box shows its step folder, not the judge's folder where the socket lives;
+    a hard link there needs no change to the box (a bind of the socket directory would). Make
+    it again after every restart: a restarted server listens on a new socket, and the old link
+    refuses. The step folder must be on the server folder's file system."""
+    name = f".s.PGSQL.{PORT}"
+    link = Path(folder) / name
+    link.unlink(missing_ok=True)  # never follows a link the child may have put there
+    try:
+        os.link(server.socket_dir / name, link)
+    except OSError as exc:
+        raise ServerFailed(f"cannot link the PostgreSQL socket into {folder}: {exc.strerror}; it must be on "
+                           f"the same file system as {server.folder} (else bind {server.socket_dir} "
+                           f"into the child's box)") from exc
+    return make_conninfo(db.dsn, host=str(Path(folder)))
+
+
 def _drop_admin(server: PostgresServer) -> None:
     with server._lock:
         if server._admin is not None:
