@@ -237,8 +237,7 @@ def test_an_exception_in_the_block_leaves_nothing(base):
 
 def test_a_ctrl_c_in_the_block_leaves_nothing(base):
     with pytest.raises(KeyboardInterrupt), valkey.running(base / "vk") as server:
-        os.kill(os.getpid(), signal.SIGINT)
-        time.sleep(5)
+        raise KeyboardInterrupt  # what Python raises on SIGINT (xdist's workers may ignore the signal)
     assert nothing_left(server)
 
 

@@ -1,7 +1,7 @@
 """The PostgreSQL server: one per judge run, in a folder of the judge's, a database per step.
 
     with postgres.running(folder) as server:          # initdb + start, ~0.6 s
-        db = postgres.fresh_database(server, "step_3")  # a role that owns only its database
+        db = postgres.fresh_database(server, "step_3")  # a role that owns only its database, ~1 ms
         student_dsn, judge_dsn = db.dsn, db.judge_dsn   # libpq keyword strings, host=<socket dir>
         postgres.stop_immediately(server); postgres.restart(server)   # a crash, then recovery
 
@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import glob
 import importlib.util
 import os
 import re
@@ -68,8 +69,11 @@ SUPERUSER = "judge"
 PORT = 5432  # names the socket file (.s.PGSQL.5432); nothing listens on TCP
 START_TIMEOUT = 30.0
 STOP_TIMEOUT = 10.0
+# Databases made ahead by a background thread, so that a step's fresh database is a rename
+# (~1 ms) instead of a copy of template1 (15 ms idle, 100-500 ms on a loaded 2-core machine).
+SPARES = 4
 MAX_SOCKET_PATH = 107  # sun_path's size on Linux, less the final NUL
-NSS_WRAPPER = Path("/usr/lib/x86_64-linux-gnu/libnss_wrapper.so")
+NSS_WRAPPER_GLOBS = ("/usr/lib/*/libnss_wrapper.so", "/usr/lib64/libnss_wrapper.so", "/usr/lib/libnss_wrapper.so")
 
 SETTINGS = {
     "listen_addresses": "''",
@@ -164,6 +168,11 @@ class PostgresServer:
     process: subprocess.Popen | None = field(default=None, repr=False)
     _admin: psycopg.Connection | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    spares_wanted: int = SPARES
+    _spares: list[str] = field(default_factory=list, repr=False)
+    _spare_change: threading.Condition = field(default_factory=threading.Condition, repr=False)
+    _filler: threading.Thread | None = field(default=None, repr=False)
+    _generation: int = 0  # of fillers: one per start of the server, the older ones end
 
     @property
     def data_dir(self) -> Path:
@@ -198,13 +207,14 @@ class Database:
     judge_dsn: str = field(repr=False)
 
 
-def start(folder: Path, programs: PostgresPrograms | None = None) -> PostgresServer:
-    """A new cluster in `folder` (made if missing; its parent must exist), started and ready.
-    On any failure what was started is stopped and the folder removed before the error rises."""
+def start(folder: Path, programs: PostgresPrograms | None = None, spares: int = SPARES) -> PostgresServer:
+    """A new cluster in `folder` (made here: it must not exist, its parent must), started and ready;
+    `spares` databases are then made ahead in the background (0: none, each step waits for its
+    copy). On any failure what was started is stopped and the folder removed before the error rises."""
     programs = programs or find_programs()
     who = server_user()
     folder = prepare_folder(Path(folder), who)
-    server = PostgresServer(folder, programs, who, secrets.token_urlsafe(32))
+    server = PostgresServer(folder, programs, who, secrets.token_urlsafe(32), spares_wanted=spares)
     try:
         socket_file = server.socket_dir / f".s.PGSQL.{PORT}"
         if len(str(socket_file).encode()) > MAX_SOCKET_PATH:
@@ -215,6 +225,7 @@ def start(folder: Path, programs: PostgresPrograms | None = None) -> PostgresSer
         _launch(server)
         with _admin(server) as admin:  # other roles reach only their own database
             admin.execute("REVOKE CONNECT, TEMPORARY ON DATABASE postgres, template1 FROM PUBLIC")
+        _start_filler(server)
         return server
     except BaseException:
         stop(server)
@@ -253,18 +264,26 @@ def _initdb(server: PostgresServer) -> None:
         raise ServerFailed(f"initdb ({server.programs.source}) failed ({code}):\n{log_tail(log)}")
 
 
+def nss_wrapper() -> Path | None:
+    """Debian's libnss-wrapper: a passwd entry for a uid that has none, by LD_PRELOAD."""
+    for pattern in NSS_WRAPPER_GLOBS:
+        for found in sorted(glob.glob(pattern)):
+            return Path(found)
+    return None
+
+
 def _nss_wrapper(server: PostgresServer) -> dict:
-    if not NSS_WRAPPER.exists():
-        uid = os.geteuid() if server.run_as.uid is None else server.run_as.uid
+    library = nss_wrapper()
+    uid = os.geteuid() if server.run_as.uid is None else server.run_as.uid
+    if library is None:
         raise ServerMissing(
             f"initdb needs a passwd entry for its uid ({uid}) and this one has none; install "
             f"nss_wrapper (Debian: apt-get install libnss-wrapper) or give the uid an account.")
-    uid = os.geteuid() if server.run_as.uid is None else server.run_as.uid
     gid = os.getegid() if server.run_as.gid is None else server.run_as.gid
     passwd, group = server.folder / "passwd", server.folder / "group"
     passwd.write_text(f"labkit-postgres:x:{uid}:{gid}::{server.folder}:/bin/false\n")
     group.write_text(f"labkit-postgres:x:{gid}:\n")
-    return {"LD_PRELOAD": str(NSS_WRAPPER), "NSS_WRAPPER_PASSWD": str(passwd), "NSS_WRAPPER_GROUP": str(group)}
+    return {"LD_PRELOAD": str(library), "NSS_WRAPPER_PASSWD": str(passwd), "NSS_WRAPPER_GROUP": str(group)}
 
 
 def _configure(server: PostgresServer) -> None:
@@ -314,8 +333,58 @@ def _admin(server: PostgresServer) -> Iterator[psycopg.Connection]:
         yield server._admin
 
 
+def _start_filler(server: PostgresServer) -> None:
+    if server.spares_wanted > 0:
+        server._filler = threading.Thread(target=_fill_spares, args=(server, server._generation), daemon=True,
+                                          name=f"postgres spares {server.folder}")
+        server._filler.start()
+
+
+def _fill_spares(server: PostgresServer, generation: int) -> None:
+    """Keep `spares_wanted` databases ready: owned by the judge, no CONNECT for PUBLIC. Ends
+    with the server: a kill breaks its connection, and `fresh_database` copies its own until
+    `restart` starts a new filler."""
+    try:
+        with psycopg.connect(server.judge_dsn(), autocommit=True) as conn:
+            while True:
+                with server._spare_change:
+                    while server._generation == generation and len(server._spares) >= server.spares_wanted:
+                        server._spare_change.wait()
+                    if server._generation != generation:
+                        return
+                name = f"spare_{secrets.token_hex(8)}"
+                conn.execute(sql.SQL(CREATE_DATABASE).format(sql.Identifier(name), sql.Identifier(SUPERUSER)))
+                conn.execute(sql.SQL(NO_PUBLIC).format(sql.Identifier(name)))
+                with server._spare_change:
+                    server._spares.append(name)
+    except psycopg.Error:
+        return
+
+
+def _take_spare(server: PostgresServer) -> str | None:
+    with server._spare_change:
+        spare = server._spares.pop(0) if server._spares else None
+        server._spare_change.notify_all()
+        return spare
+
+
+def _stop_filler(server: PostgresServer) -> None:
+    """End the current filler (the spares it made stay: each was committed before listed)."""
+    with server._spare_change:
+        server._generation += 1
+        server._spare_change.notify_all()
+
+
+# FILE_COPY: a copy of template1's files and a checkpoint (cheap without fsync), ~15 ms idle;
+# the default WAL_LOG writes the template through the WAL, 30-100 ms idle.
+CREATE_DATABASE = "CREATE DATABASE {} OWNER {} STRATEGY FILE_COPY"
+NO_PUBLIC = "REVOKE CONNECT, TEMPORARY ON DATABASE {} FROM PUBLIC"
+
+
 def fresh_database(server: PostgresServer, name: str) -> Database:
-    """A new database `name` owned by a new role `name` with a random password, and nothing else."""
+    """A new database `name` owned by a new role `name` with a random password, and nothing
+    else: a spare renamed and given to the role (its public schema, owned by
+    pg_database_owner, follows), or a new copy of template1 when no spare is ready."""
     if not NAME.fullmatch(name) or name in RESERVED or name.startswith("pg_"):
         raise ValueError(f"{name!r} is not a database name here: [a-z_][a-z0-9_]*, at most 63, "
                          f"not {sorted(RESERVED)} nor pg_*")
@@ -324,12 +393,34 @@ def fresh_database(server: PostgresServer, name: str) -> Database:
     with _admin(server) as admin:
         admin.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD {} NOSUPERUSER NOCREATEDB NOCREATEROLE "
                               "NOREPLICATION NOBYPASSRLS NOINHERIT").format(ident, sql.Literal(password)))
-        # FILE_COPY: a copy of template1's files and a checkpoint (cheap without fsync), ~15 ms;
-        # the default WAL_LOG writes the template through the WAL, 30-100 ms here.
-        admin.execute(sql.SQL("CREATE DATABASE {} OWNER {} STRATEGY FILE_COPY").format(ident, ident))
-        admin.execute(sql.SQL("REVOKE CONNECT, TEMPORARY ON DATABASE {} FROM PUBLIC").format(ident))
+        spare = _take_spare(server)
+        if spare is not None:
+            admin.execute(sql.SQL("ALTER DATABASE {} RENAME TO {}").format(sql.Identifier(spare), ident))
+            admin.execute(sql.SQL("ALTER DATABASE {} OWNER TO {}").format(ident, ident))
+        else:
+            admin.execute(sql.SQL(CREATE_DATABASE).format(ident, ident))
+        admin.execute(sql.SQL(NO_PUBLIC).format(ident))
     dsn = make_conninfo(host=str(server.socket_dir), port=PORT, dbname=name, user=name, password=password)
     return Database(name, name, password, dsn, server.judge_dsn(name))
+
+
+def socket_in(server: PostgresServer, db: Database, folder: Path) -> str:
+    """The student's DSN through a hard link to the server's socket made in `folder`.
+
+    A judged child's box shows its step folder, not the judge's folder where the socket lives;
+    a hard link there needs no change to the box (a bind of the socket directory would). Make
+    it again after every restart: a restarted server listens on a new socket, and the old link
+    refuses. The step folder must be on the server folder's file system."""
+    name = f".s.PGSQL.{PORT}"
+    link = Path(folder) / name
+    link.unlink(missing_ok=True)  # never follows a link the child may have put there
+    try:
+        os.link(server.socket_dir / name, link)
+    except OSError as exc:
+        raise ServerFailed(f"cannot link the PostgreSQL socket into {folder}: {exc.strerror}; it must be on "
+                           f"the same file system as {server.folder} (else bind {server.socket_dir} "
+                           f"into the child's box)") from exc
+    return make_conninfo(db.dsn, host=str(Path(folder)))
 
 
 def _drop_admin(server: PostgresServer) -> None:
@@ -344,6 +435,7 @@ def kill(server: PostgresServer) -> None:
     """SIGKILL the postmaster and every backend: the server dies as in an OOM kill. `restart`
     recovers from the WAL."""
     _drop_admin(server)
+    _stop_filler(server)
     end(server.folder, server.process, STOP_TIMEOUT)
 
 
@@ -351,6 +443,7 @@ def stop_immediately(server: PostgresServer) -> None:
     """`pg_ctl stop -m immediate`: SIGQUIT to the postmaster, which ends every backend at once,
     open transactions lost, no checkpoint; the next start recovers from the WAL."""
     _drop_admin(server)
+    _stop_filler(server)
     pids = processes_in(server.folder)
     signal_all(pids, signal.SIGCONT)  # a paused server cannot act on SIGQUIT
     if server.pid is not None:
@@ -365,7 +458,10 @@ def restart(server: PostgresServer) -> None:
     stopped in immediate mode (so `restart` alone is a crash and a recovery)."""
     if processes_in(server.folder):
         stop_immediately(server)
+    if server._filler is not None:
+        server._filler.join(STOP_TIMEOUT)  # its connection died with the server
     _launch(server)
+    _start_filler(server)
 
 
 def pause(server: PostgresServer) -> None:
@@ -381,11 +477,14 @@ def stop(server: PostgresServer) -> None:
     """End every process of the server, remove its shared memory, its socket, its folder.
     Safe to call on a server that is running, paused, killed or half-started, and twice."""
     _drop_admin(server)
+    _stop_filler(server)
     if server.pid is not None and processes_in(server.folder):
         signal_all(processes_in(server.folder), signal.SIGCONT)
         signal_all([server.pid], signal.SIGQUIT)  # its exit removes its System V segment
         reap(server.process, 2.0)
     end(server.folder, server.process, STOP_TIMEOUT)
+    if server._filler is not None:
+        server._filler.join(STOP_TIMEOUT)
     _remove_shared_memory(server)
     remove_folder(server.folder)
 
@@ -408,10 +507,10 @@ def _remove_shared_memory(server: PostgresServer) -> None:
 
 
 @contextlib.contextmanager
-def running(folder: Path, programs: PostgresPrograms | None = None) -> Iterator[PostgresServer]:
+def running(folder: Path, programs: PostgresPrograms | None = None, spares: int = SPARES) -> Iterator[PostgresServer]:
     """A server for the block; on every way out of it (an exception, Ctrl-C, a server that
     was killed and never restarted) no process, socket or file of it is left."""
-    server = start(folder, programs)
+    server = start(folder, programs, spares)
     try:
         yield server
     finally:

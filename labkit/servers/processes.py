@@ -63,12 +63,13 @@ def server_user() -> RunAs:
 
 
 def prepare_folder(folder: Path, who: RunAs) -> Path:
-    """The server's folder, made if missing (its parent must exist), the server user's own.
+    """The server's folder, made here and the server user's own: it must not exist yet (its
+    parent must), since stopping the server removes it whole.
 
     0711: other uids (a judged child) may reach a socket inside by its name, never list it.
     """
     folder = Path(folder).absolute()
-    folder.mkdir(mode=0o711, exist_ok=True)
+    folder.mkdir(mode=0o711)
     os.chmod(folder, 0o711)
     if who.uid is not None:
         os.chown(folder, who.uid, who.gid)
@@ -114,10 +115,12 @@ def processes_in(folder: Path) -> list[int]:
 
 
 def signal_all(pids: Iterable[int], sig: int) -> None:
+    """Signal each; one already gone, or not ours to signal, is passed over (`end` names what
+    outlived it)."""
     for pid in pids:
         try:
             os.kill(pid, sig)
-        except ProcessLookupError:
+        except (ProcessLookupError, PermissionError):
             pass
 
 

@@ -1,6 +1,6 @@
 """The Valkey server: one per judge run, loopback only, an ACL user and a key prefix per step.
 
-    with valkey.running(folder) as server:                 # ~0.1 s
+    with valkey.running(folder) as server:                 # ~15 ms
         user = valkey.fresh_user(server, "lab:3:")          # keys lab:3:* only, no admin commands
         r = valkey.Valkey(**user.client_kwargs())           # what the student's code gets
         judge = valkey.judge_client(server)                  # the judge's own view
@@ -16,7 +16,8 @@ What the server allows:
 - `appendonly yes`, `appendfsync always`: an answered write is in the AOF before the answer,
   so it survives a SIGKILL; no RDB snapshots;
 - users live in an ACL file (`users.acl`), saved after each change, so a restart keeps them:
-  `default` is off (no connection is it; see `_hashed_users` for why it keeps its rights), `judge` (a random password) may do everything, and each step's user may
+  `default` is off (no connection is ever it; `_hashed_users` says why it keeps its rights),
+  `judge` (a random password) may do everything, and each step's user may
   touch only keys under its prefix with the string, stream, transaction and connection
   commands and DEL/EXISTS/TYPE/expiry, all less `@dangerous` (CLIENT KILL, CLIENT PAUSE, KEYS,
   FLUSHALL, CONFIG, DEBUG, SHUTDOWN, ACL, ...) and less SELECT; never a script or a module.
@@ -153,7 +154,7 @@ class ValkeyUser:
 
 
 def start(folder: Path, program: Path | None = None) -> ValkeyServer:
-    """A new server in `folder` (made if missing; its parent must exist), ready for the judge.
+    """A new server in `folder` (made here: it must not exist, its parent must), ready for the judge.
     On any failure what was started is stopped and the folder removed before the error rises."""
     program, source = (Path(program), "given") if program is not None else find_program()
     who = server_user()
