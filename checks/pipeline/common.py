@@ -6,8 +6,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-import psycopg
-
 from checks.pipeline.servers import Db, Servers
 from labkit.judge.expect import Miss, Plan, describe
 from labkit.judge.run import StepContext, together

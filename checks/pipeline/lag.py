@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from checks.pipeline import schema
 from checks.pipeline.claim import fill
-from checks.pipeline.common import call, first_error, query, returned, run, servers
+from checks.pipeline.common import call, first_error, returned, run, servers
 from checks.pipeline.consume import GROUP
 from checks.pipeline.reclaim import Stream
 from labkit.judge.expect import Miss, Plan

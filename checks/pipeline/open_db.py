@@ -4,7 +4,7 @@ opening one new database at the same moment."""
 from __future__ import annotations
 
 from checks.pipeline import schema
-from checks.pipeline.common import call, first_error, idle_killed, one, query, race, run, servers
+from checks.pipeline.common import call, first_error, idle_killed, one, race, run, servers
 from labkit.judge.expect import Miss, Plan, describe
 from labkit.judge.run import StepContext
 from labkit.judge.verdict import Case

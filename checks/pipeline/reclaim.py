@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import json
 
-from checks.pipeline.common import call, first_error, returned, servers
+from checks.pipeline.common import call, first_error, returned, run, servers
 from checks.pipeline.consume import GROUP, entry, ev
-from checks.pipeline.common import run
 from labkit.judge.expect import Miss, Plan, describe
 from labkit.judge.run import StepContext
 from labkit.judge.verdict import Case
@@ -147,7 +146,7 @@ def check_reclaim(ctx: StepContext) -> list[Case]:
     specs.append(c.spec(plans[-1].name))
 
     d = Stream(ctx, srv)
-    deadly = d.deliver(150, "dead-c", idle=OLD, times=9, prefix="deadly")
+    d.deliver(150, "dead-c", idle=OLD, times=9, prefix="deadly")
 
     def all_dead(record: dict) -> Miss | None:
         miss = first_error(record)

@@ -8,16 +8,14 @@ the student's code gets only those credentials, the judge keeps its own superuse
 
 How a judged child reaches PostgreSQL: the server listens only on a Unix socket in the judge's
 folder, which a child's box (bubblewrap, labkit.sandbox.profiles.child) does not show. The
-socket is hard-linked into the step's work folder, which the box does show, at the same path:
-connect() on a hard link of a socket reaches the same listening socket (the kernel looks the
-socket up by inode). So the student's DSN names `host=<step folder>/.pg`; the data directory
-stays out of sight, and nothing in labkit changes. A restart makes a new socket: link again
-(`relink`). Valkey listens on loopback TCP, which a child shares with the judge.
+socket is hard-linked into the step's work folder, which the box does show, at the same path
+(`postgres.socket_in`): connect() on a hard link of a socket reaches the same listening socket
+(the kernel looks the socket up by inode). So the student's DSN names `host=<step folder>/.pg`;
+the data directory stays out of sight. A restart makes a new socket: call `Db.dsn` again. Valkey listens on loopback TCP, which a child shares with the judge.
 """
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import os
 import shutil
@@ -27,11 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import psycopg
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from labkit.servers import postgres, valkey
 
-SOCKET = f".s.PGSQL.{postgres.PORT}"
 # Per role, set by the judge: a connection left idle inside a transaction is ended by the server
 # (and the log says so), and a statement that waits for a lock gives up instead of hanging.
 ROLE_SETTINGS = {"idle_in_transaction_session_timeout": "300ms", "lock_timeout": "2s",
@@ -48,12 +44,15 @@ class Db:
     def judge(self) -> psycopg.Connection:
         return psycopg.connect(self.judge_dsn, autocommit=True)
 
+    database: postgres.Database = field(repr=False)
+
     def dsn(self, workdir: Path) -> str:
         """What the student's code gets in a child working in `workdir`: the role's own DSN,
-        through the socket's link in that folder."""
-        fields = conninfo_to_dict(self.role_dsn)
-        fields["host"] = str(link_socket(self.server, workdir))
-        return make_conninfo(**fields)
+        through a hard link of the socket in `workdir/.pg` (made again on every call)."""
+        folder = Path(workdir) / ".pg"
+        folder.mkdir(exist_ok=True)
+        os.chmod(folder, 0o755)
+        return postgres.socket_in(self.server, self.database, folder)
 
 
 @dataclass
@@ -120,7 +119,7 @@ class Servers:
         with psycopg.connect(db.judge_dsn, autocommit=True) as judge:
             for key, value in ROLE_SETTINGS.items():
                 judge.execute(f"ALTER ROLE {name} SET {key} = '{value}'")
-        return Db(name, server, db.judge_dsn, db.dsn)
+        return Db(name, server, db.judge_dsn, db.dsn, db)
 
     def user(self, step) -> Stream:
         prefix = f"lab:{step}:{next(self._count)}:"
@@ -148,14 +147,3 @@ class Servers:
         except OSError:
             return ""
 
-
-def link_socket(server: postgres.PostgresServer, workdir: Path) -> Path:
-    """The server's socket, hard-linked into `workdir/.pg` (made again if it was there)."""
-    folder = Path(workdir) / ".pg"
-    folder.mkdir(exist_ok=True)
-    os.chmod(folder, 0o755)
-    link = folder / SOCKET
-    with contextlib.suppress(FileNotFoundError):
-        link.unlink()
-    os.link(server.socket_dir / SOCKET, link)
-    return folder
