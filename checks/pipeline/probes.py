@@ -114,6 +114,8 @@ def _hook(case: Case, name: str, spec: dict):
             raise RuntimeError(f"the judge's {name} fails here")
         if active and spec.get("do") == "exit":
             _exit(spec["code"])
+        if active and spec.get("do") == "sleep":  # frozen inside the hook while the judge acts
+            _sleep(spec["seconds"])
 
     return hook
 

@@ -112,12 +112,14 @@ class Servers:
                     judge.config_set("slowlog-max-len", 100_000)
             return self.vk
 
-    def database(self, step) -> Db:
+    def database(self, step, settings: bool = True) -> Db:
+        """A fresh database and role; `settings`: the role gets ROLE_SETTINGS (the final check's
+        frozen transaction must outlive them)."""
         server = self.postgres()
         name = f"s{step}_{next(self._count)}"
         db = postgres.fresh_database(server, name)
         with psycopg.connect(db.judge_dsn, autocommit=True) as judge:
-            for key, value in ROLE_SETTINGS.items():
+            for key, value in ROLE_SETTINGS.items() if settings else ():
                 judge.execute(f"ALTER ROLE {name} SET {key} = '{value}'")
         return Db(name, server, db.judge_dsn, db.dsn, db)
 
