@@ -14,7 +14,6 @@ from __future__ import annotations
 import threading
 import time
 
-from checks.pipeline import schema
 from checks.pipeline.common import call
 from checks.pipeline.servers import Servers
 from labkit.judge import expect
