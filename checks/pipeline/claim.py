@@ -137,11 +137,16 @@ def check_claim(ctx: StepContext) -> list[Case]:
             return Miss(f"claimed the rows with seq {got}", "Claim unpublished rows whose claim is absent or "
                         "expired (claim_until < clock_timestamp()): row 1 is published, row 2 claimed for 20 s "
                         "more, row 3's claim expired a second ago.", clause="3.claimable")
+        owners = query(mixed, "SELECT claimed_by FROM outbox WHERE seq IN (3, 4) ORDER BY seq")
+        if owners != [("pub-2",), ("pub-2",)]:
+            return Miss(f"the claimed rows name {[o for (o,) in owners]} as their owner",
+                        "Set claimed_by = owner on every row you claim, also one another publisher held before.",
+                        clause="3.row-update")
         return None
 
     plans.append(Plan("published, live and expired claims", "claim(conn, 'pub-2', 16, 5) over a published row, "
                       "a live claim, an expired claim and a new row", "the expired claim and the new row only",
-                      claimable, clauses=("3.claimable",)))
+                      claimable, clauses=("3.claimable", "3.row-update")))
     specs.append({"name": plans[-1].name, "dsn": mixed.dsn(ctx.workdir), "ops": [call("claim", "$conn", "pub-2", 16, 5)]})
 
     # The caller's clock is an hour ahead: a live claim must stay, the new one ends on the db's clock.

@@ -286,9 +286,10 @@ class Scene:
                     break
             else:
                 deaths += 1
-        dead = {f.get("entry_id"): f.get("reason", "") for _i, f in self.dead()}
-        if set(dead) != {junk, deadly_id} or not all(dead.values()):
-            raise Fail(f"the dead-letter stream holds {show(dead)}; {deaths} consumers died on deadly-1",
+        dead = [(f.get("entry_id"), f.get("reason", "")) for _i, f in self.dead()]
+        if sorted(i for i, _r in dead) != sorted([junk, deadly_id]) or not all(r for _i, r in dead) or self.pel():
+            raise Fail(f"the dead-letter stream holds {show(dead)}; {deaths} consumers died on deadly-1; "
+                       f"pending {self.pel()}",
                        "consume dead-letters a body that is not an event; reclaim dead-letters an entry delivered "
                        f"more than max_deliveries={MAX_DELIVERIES} times, with a reason.")
         if deaths > MAX_DELIVERIES + 1:

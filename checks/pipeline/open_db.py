@@ -37,6 +37,9 @@ def is_connection(record: dict) -> Miss | None:
     seen = record["observed"]
     if record["outcome"]["kind"] != "returned":
         return Miss(describe(record["outcome"]))
+    if seen.get("closed"):
+        return Miss("a closed connection", "Return the open connection: `with psycopg.connect(...) as conn:` "
+                    "closes it when the block ends.")
     if seen.get("type") != "psycopg.Connection":
         return Miss(f"returned a {seen.get('type')}", "Return the psycopg.Connection that open_db opened.")
     if not seen.get("autocommit"):
