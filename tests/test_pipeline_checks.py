@@ -27,7 +27,7 @@ REFERENCE = ROOT / "solutions" / "pipeline.py"
 LESSON = ROOT / "notebooks" / "source" / "04-pipeline.md"
 WRONG = wrong_files("pipeline")
 SEED = 1
-STEPS = ["1", "2", "3", "4", "5", "6", "7", "8"]  # the final check is not written yet
+STEPS = ["1", "2", "3", "4", "5", "6", "7", "8", "final"]
 
 # Every pitfall labs/pipeline.md says the checks must catch, by the file that makes it.
 PITFALLS = {
@@ -76,18 +76,17 @@ def test_reference_passes_every_step(lab, seed):
     steps = step_verdicts("pipeline", REFERENCE, STEPS, seed)
     failing = {s: failures(v) for s, v in steps.items() if not v.passed}
     assert not failing, f"seed {seed}: the reference fails {failing}"
-    # within the budget of labs/pipeline.md: each non-crash step <= 0.5 s on a quiet machine;
+    # labs/pipeline.md's budget is 0.5 s per non-crash step and 6 s for the lab on a quiet machine;
     # here only a bound that a loaded one keeps
-    assert all(v.seconds < 10 for v in steps.values()), {s: v.seconds for s, v in steps.items()}
+    assert all(v.seconds < 20 for v in steps.values()), {s: v.seconds for s, v in steps.items()}
 
 
-def test_every_step_clause_is_tried_and_every_case_names_known_clauses(lab):
+def test_every_clause_is_tried_and_every_case_names_known_clauses(lab):
     steps = step_verdicts("pipeline", REFERENCE, STEPS, SEED)
     known = {c.id for c in CLAUSES}
     tried = {clause for s in steps.values() for c in s.cases for clause in c.clauses}
     assert tried <= known, f"cases name clauses the contract does not declare: {sorted(tried - known)}"
-    of_steps = {c for c in known if not c.startswith("final.")}
-    assert of_steps <= tried, f"clauses no case tries: {sorted(of_steps - tried)}"
+    assert known <= tried, f"clauses no case tries: {sorted(known - tried)}"
     untagged = [(n, c.name) for n, s in steps.items() for c in s.cases if not c.clauses]
     assert not untagged, f"cases without a clause: {untagged}"
 
@@ -144,3 +143,20 @@ def test_nothing_of_the_servers_is_left(lab, tmp_path):
     assert not run_lab(lab, broken, steps=["6"], seed=SEED).passed
     assert ours() == []
     assert set(Path("/tmp").glob("labkit-pipeline-*")) <= before
+
+
+def test_final_check_shows_the_processes_the_servers_their_kills_and_the_ladder(lab):
+    final = step_verdicts("pipeline", REFERENCE, ["final"], SEED)["final"]
+    assert final.passed, failures(final)
+    evidence = final.evidence
+    actors = {e["actor"] for e in evidence.timeline}
+    assert {"publisher #1", "publisher #2", "consumer A", "consumer B", "Valkey", "PostgreSQL"} <= actors
+    assert any(e["actor"] == "Valkey" and e["kind"] == "killed" for e in evidence.timeline)
+    assert any(e["actor"] == "PostgreSQL" and e["kind"] == "killed" for e in evidence.timeline)
+    assert any("os._exit(75)" in e["text"] for e in evidence.timeline)
+    assert [e["t"] for e in evidence.timeline] == sorted(e["t"] for e in evidence.timeline)
+    rungs = [r["rung"] for r in evidence.ladder]
+    for name in ("accepted in PostgreSQL", "claimed with fence F", "in the stream as entry E",
+                 "published saved by the fence holder", "delivered to consumer C (count k)",
+                 "applied in the inbox", "acknowledged (PEL empty)"):
+        assert name in rungs
