@@ -4,7 +4,16 @@ between the two inserts, and processes accepting one id at the same moment."""
 from __future__ import annotations
 
 from checks.pipeline import schema
-from checks.pipeline.common import call, first_error, query, race, returned, run, servers
+from checks.pipeline.common import (
+    call,
+    first_error,
+    query,
+    race,
+    raised_with,
+    returned,
+    run,
+    servers,
+)
 from labkit.judge.expect import Miss, Plan, both, describe, raises, returns, under
 from labkit.judge.run import StepContext
 from labkit.judge.verdict import Case, Outcome
@@ -97,9 +106,7 @@ def check_accept(ctx: StepContext) -> list[Case]:
         specs.append({"name": plans[-1].name, "ops": [call("accept", "$conn", event)]})
     for label, event in (("the outbox insert fails", ev("half-1", "refused-outbox")),
                          ("the order insert fails", ev("half-2", "refused-order"))):
-        def raised(record: dict) -> Miss | None:
-            return None if record["outcome"]["kind"] == "raised" else Miss(
-                describe(record["outcome"]), "Let the database's error propagate.")
+        raised = raised_with("the judge refuses this row", "Let the database's error propagate.")
         plans.append(Plan(label, f"accept(conn, {show(event)}) while the judge refuses one of the two rows",
                           "the error propagates; neither the order nor the outbox row is there",
                           both(under("2.one-transaction", raised), nothing(event["id"], "2.one-transaction",

@@ -75,6 +75,18 @@ def returned(record: dict):
     return value_of(record) if record["outcome"]["kind"] == "returned" else None
 
 
+def raised_with(fragment: str, hint: str) -> Callable[[dict], Miss | None]:
+    """The call raised the error the judge provoked (its message contains `fragment`), not any error."""
+
+    def check(record: dict) -> Miss | None:
+        outcome = record["outcome"]
+        if outcome["kind"] == "raised" and fragment in outcome.get("message", ""):
+            return None
+        return Miss(describe(outcome), hint)
+
+    return check
+
+
 def first_error(record: dict) -> Miss | None:
     """A call of the case that raised where none should have."""
     for outcome in record["observed"].get("calls", []):

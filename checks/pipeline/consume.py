@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 
 from checks.pipeline import schema
-from checks.pipeline.common import call, first_error, query, returned, run, servers
-from labkit.judge.expect import Miss, Plan, describe
+from checks.pipeline.common import call, first_error, query, raised_with, returned, run, servers
+from labkit.judge.expect import Miss, Plan
 from labkit.judge.run import StepContext
 from labkit.judge.verdict import Case
 from labkit.values import show
@@ -193,9 +193,7 @@ def check_consume(ctx: StepContext) -> list[Case]:
         if not d.pending():
             return Miss("the poison entry was acknowledged although it never reached the dead-letter stream",
                         DEAD_HINT)
-        if record["outcome"]["kind"] != "raised":
-            return Miss(describe(record["outcome"]), "The dead-letter XADD's error propagates.")
-        return None
+        return raised_with("WRONGTYPE", "The dead-letter XADD's error propagates.")(record)
 
     add(Plan("the dead-letter stream refuses", "consume(…) over a poison entry when <stream>.dead is not a stream",
              "the error propagates; the entry is still pending", refused, clauses=("6.dead-before-ack",)),
@@ -205,9 +203,11 @@ def check_consume(ctx: StepContext) -> list[Case]:
     e = Setup(ctx, srv, [entry(ev("f-1", "lime", 7))])
 
     def rolled_back(record: dict) -> Miss | None:
-        if record["outcome"]["kind"] != "raised":
-            return Miss(describe(record["outcome"]), "Let before_commit's error propagate (the transaction rolls back).",
-                        clause="6.one-transaction")
+        miss = raised_with("the judge's before_commit fails", "Let before_commit's error propagate (the "
+                           "transaction rolls back).")(record)
+        if miss is not None:
+            miss.clause = "6.one-transaction"
+            return miss
         if not e.pending():
             return Miss("the entry was acknowledged although its transaction rolled back", ACK_HINT,
                         clause="6.commit-before-ack")
@@ -227,8 +227,10 @@ def check_consume(ctx: StepContext) -> list[Case]:
         miss = read_rules(f)
         if miss is not None:
             return miss
-        if record["outcome"]["kind"] != "raised":
-            return Miss(describe(record["outcome"]), "Let before_ack's error propagate.", clause="6.hooks")
+        miss = raised_with("the judge's before_ack fails", "Let before_ack's error propagate.")(record)
+        if miss is not None:
+            miss.clause = "6.hooks"
+            return miss
         if f.stock() != {"lime": 7}:
             return Miss(f"stock is {f.stock()}", "Commit before before_ack.", clause="6.commit-before-ack")
         if not f.pending():

@@ -3,8 +3,8 @@ on a group that exists, on a key that is not a stream."""
 
 from __future__ import annotations
 
-from checks.pipeline.common import call, run, servers
-from labkit.judge.expect import Miss, Plan, both, describe, returns, under
+from checks.pipeline.common import call, raised_with, run, servers
+from labkit.judge.expect import Miss, Plan, both, returns, under
 from labkit.judge.run import StepContext
 from labkit.judge.verdict import Case
 
@@ -52,11 +52,8 @@ def check_group(ctx: StepContext) -> list[Case]:
             return Miss(f"the group changed: {info}", "An existing group is left as it is: BUSYGROUP → False.")
         return None
 
-    def propagates(record: dict) -> Miss | None:
-        if record["outcome"]["kind"] == "raised":
-            return None
-        return Miss(describe(record["outcome"]), "Only BUSYGROUP means 'exists already'; let other errors "
-                    "(here WRONGTYPE) propagate.")
+    propagates = raised_with("WRONGTYPE", "Only BUSYGROUP means 'exists already'; let other errors "
+                                          "(here WRONGTYPE) propagate.")
 
     plans = [
         Plan("a stream with entries added before the group", "ensure_group(r, stream, 'g') on a stream of 2 entries",

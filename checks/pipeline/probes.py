@@ -178,6 +178,7 @@ def script(mod, args: dict) -> None:
                     fn = probe.function(mod, op["call"])
                     hooks = {k: _hook(case, k, v) for k, v in op.get("hooks", {}).items()}
                     values = [case.value(a) for a in op.get("args", [])]
+                    observed["received"] = probe.received(values)
                     started = time.monotonic()
                     outcome, value = probe.call_keep(fn, *values, **hooks)
                     outcome["seconds"] = round(time.monotonic() - started, 3)

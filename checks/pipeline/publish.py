@@ -88,7 +88,7 @@ def check_publish(ctx: StepContext) -> list[Case]:
         if any(done for *_r, done in rows):
             return Miss(f"rows {[r[0] for r in rows if r[3]]} were saved as published although XADD failed",
                         ORDER_HINT)
-        if outcome["kind"] != "raised":
+        if outcome["kind"] != "raised" or "WRONGTYPE" not in outcome.get("message", ""):
             return Miss(describe(outcome), "An XADD error stops the batch and propagates.")
         if rows[0][1] != "pub-2" or rows[0][2] <= 0:
             return Miss(f"row ord-1 is claimed by {rows[0][1]!r} with fence {rows[0][2]}",

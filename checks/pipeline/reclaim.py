@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import json
 
-from checks.pipeline.common import call, first_error, returned, run, servers
+from checks.pipeline.common import call, first_error, raised_with, returned, run, servers
 from checks.pipeline.consume import GROUP, entry, ev
-from labkit.judge.expect import Miss, Plan, describe
+from labkit.judge.expect import Miss, Plan
 from labkit.judge.run import StepContext
 from labkit.judge.verdict import Case
 from labkit.values import show
@@ -172,10 +172,10 @@ def check_reclaim(ctx: StepContext) -> list[Case]:
         if stuck[0] not in e.owners():
             return Miss("the entry was acknowledged although it never reached the dead-letter stream", DEAD_HINT,
                         clause="7.delivery-count")
-        if record["outcome"]["kind"] != "raised":
-            return Miss(describe(record["outcome"]), "The dead-letter XADD's error propagates.",
-                        clause="7.delivery-count")
-        return None
+        miss = raised_with("WRONGTYPE", "The dead-letter XADD's error propagates.")(record)
+        if miss is not None:
+            miss.clause = "7.delivery-count"
+        return miss
 
     plans.append(Plan("the dead-letter stream refuses", "reclaim(…) over an entry delivered 9 times when "
                       "<stream>.dead is not a stream", "the error propagates; the entry still pending", kept,
