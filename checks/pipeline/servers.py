@@ -32,6 +32,7 @@ from labkit.servers import postgres, valkey
 # (and the log says so), and a statement that waits for a lock gives up instead of hanging.
 ROLE_SETTINGS = {"idle_in_transaction_session_timeout": "300ms", "lock_timeout": "2s",
                  "statement_timeout": "20s"}
+CONNECTIONS = 16  # per role
 
 
 @dataclass
@@ -121,6 +122,9 @@ class Servers:
         with psycopg.connect(db.judge_dsn, autocommit=True) as judge:
             for key, value in ROLE_SETTINGS.items() if settings else ():
                 judge.execute(f"ALTER ROLE {name} SET {key} = '{value}'")
+            # a student's code that opens connection after connection cannot take the server's
+            # 64 from the other steps: a case's racers and probes use at most about ten
+            judge.execute(f"ALTER ROLE {name} CONNECTION LIMIT {CONNECTIONS}")
         return Db(name, server, db.judge_dsn, db.dsn, db)
 
     def user(self, step) -> Stream:
