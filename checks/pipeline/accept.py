@@ -7,6 +7,7 @@ from checks.pipeline import schema
 from checks.pipeline.common import (
     call,
     first_error,
+    outcomes,
     query,
     race,
     raised_with,
@@ -14,9 +15,9 @@ from checks.pipeline.common import (
     run,
     servers,
 )
-from labkit.judge.expect import Miss, Plan, both, describe, raises, returns, under
+from labkit.judge.expect import Miss, Plan, both, raises, returns, under
 from labkit.judge.run import StepContext
-from labkit.judge.verdict import Case, Outcome
+from labkit.judge.verdict import Case
 from labkit.values import show
 
 RACE_HINT = ("Two processes accepted the same id at the same moment and one got an error: a SELECT, then an "
@@ -129,36 +130,20 @@ def check_race(ctx: StepContext) -> list[Case]:
         for sql in SLOW_INSERT:
             judge.execute(sql)
     event = ev("race-1", "fig", 4)
-    answers: list = []
 
-    def answered(record: dict) -> Miss | None:
-        outcome = record["outcome"]
-        if outcome["kind"] == "raised":
-            if "Conflict" in outcome.get("mro", []):
-                return None
-            return Miss(describe(outcome), RACE_HINT)
-        answers.append(returned(record))
+    def one_true(records: list[dict]) -> Miss | None:
+        errors = [r for r in records if r["outcome"]["kind"] == "raised" and "Conflict" not in r["outcome"]["mro"]]
+        if errors:
+            return Miss("; ".join(outcomes(errors)), RACE_HINT)
+        trues = sum(1 for r in records if r["outcome"]["kind"] == "returned" and returned(r) is True)
+        order = query(db, "SELECT count(*) FROM orders WHERE id = %s", (event["id"],))[0][0]
+        box = query(db, "SELECT count(*) FROM outbox WHERE id = %s", (event["id"],))[0][0]
+        if trues != 1 or (order, box) != (1, 1):
+            return Miss(f"{trues} True answer(s) ({'; '.join(outcomes(records))}), {order} order(s), {box} outbox "
+                        "row(s)", RACE_HINT)
         return None
 
-    racers = []
-    for i in range(RACERS):
-        name = f"{RACERS} processes accept one id at once ({i + 1})"
-        plan = Plan(name, f"accept(conn, {show(event)}) in {RACERS} processes at the same moment",
-                    "True or False, never an error", answered, clauses=("2.concurrent-accept",))
-        racers.append(([plan], lambda dsn, name=name: [{"name": name, "dsn": dsn, "ops": [
-            {"barrier": True}, call("accept", "$conn", event)]}]))
-    cases = race(ctx, db, racers)
-    order = query(db, "SELECT count(*) FROM orders WHERE id = %s", (event["id"],))[0][0]
-    box = query(db, "SELECT count(*) FROM outbox WHERE id = %s", (event["id"],))[0][0]
-    trues = sum(1 for a in answers if a is True)
-    name, called = "exactly one of the racers gets True", f"accept(conn, {show(event)}) in {RACERS} processes at once"
-    expected = "one True, the others False; one order, one outbox row"
-    if any(c.outcome is not Outcome.PASSED for c in cases):
-        summary = Case(name, Outcome.NOT_REACHED, called, expected, "a racer failed (above)", clauses=("2.concurrent-accept",))
-    elif trues != 1 or (order, box) != (1, 1):
-        summary = Case(name, Outcome.WRONG, called, expected,
-                       f"{trues} True answer(s), {order} order(s), {box} outbox row(s)", RACE_HINT,
-                       clauses=("2.concurrent-accept",))
-    else:
-        summary = Case(name, Outcome.PASSED, called, expected, clauses=("2.concurrent-accept",))
-    return [*cases, summary]
+    return race(ctx, db, f"{RACERS} processes accept one id at once", f"accept(conn, {show(event)}) in {RACERS} "
+                "processes at the same moment", "one True, the others False (or Conflict); never an error; one "
+                "order, one outbox row", ("2.concurrent-accept",), RACERS,
+                lambda i: [call("accept", "$conn", event)], one_true)

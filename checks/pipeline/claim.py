@@ -7,11 +7,21 @@ from __future__ import annotations
 import math
 
 from checks.pipeline import schema
-from checks.pipeline.common import call, first_error, one, query, race, returned, run, servers
+from checks.pipeline.common import (
+    call,
+    first_error,
+    one,
+    outcomes,
+    query,
+    race,
+    returned,
+    run,
+    servers,
+)
 from checks.pipeline.servers import Db
 from labkit.judge.expect import Miss, Plan, describe, raises
 from labkit.judge.run import StepContext
-from labkit.judge.verdict import Case, Outcome
+from labkit.judge.verdict import Case
 from labkit.values import show
 
 SKIP_HINT = ("Your claim waited for a row another transaction had locked (the judge held it; the server's "
@@ -213,40 +223,25 @@ def check_claim_race(ctx: StepContext) -> list[Case]:
     with db.judge() as judge:
         for sql in SLOW_UPDATE:
             judge.execute(sql)
-    got: list[list] = []
 
-    def answered(record: dict) -> Miss | None:
-        miss = first_error(record)
-        if miss is not None:
-            return Miss(miss.got, SKIP_HINT if "LockNotAvailable" in miss.got else FOR_UPDATE_HINT)
-        got.append([d.get("seq") for d in returned(record) or [] if isinstance(d, dict)])
+    def one_owner(records: list[dict]) -> Miss | None:
+        errors = [r for r in records if r["outcome"]["kind"] != "returned"]
+        if errors:
+            text = "; ".join(outcomes(errors))
+            return Miss(text, SKIP_HINT if "LockNotAvailable" in text else FOR_UPDATE_HINT)
+        got = sorted([d.get("seq") for d in returned(r) or [] if isinstance(d, dict)] for r in records)
+        seqs = [s for rows in got for s in rows]
+        owners = query(db, "SELECT seq, claimed_by, fence FROM outbox WHERE claimed_by IS NOT NULL ORDER BY seq")
+        fences = [f for _s, _o, f in owners]
+        if len(seqs) != len(set(seqs)):
+            return Miss(f"the racers got rows {got}: one row twice", FOR_UPDATE_HINT)
+        if len(fences) != len(set(fences)):
+            return Miss(f"the claimed rows carry fences {fences}: one twice", SEQ_HINT, clause="3.sequence-fence")
+        if len(seqs) != RACERS * LIMIT:
+            return Miss(f"the racers got rows {got}", "Each publisher takes up to `limit` rows nobody else holds.")
         return None
 
-    racers = []
-    for i in range(RACERS):
-        name = f"{RACERS} publishers claim at once ({i + 1})"
-        plan = Plan(name, f"claim(conn, 'racer-{i + 1}', {LIMIT}, 30) in {RACERS} processes at the same moment",
-                    "a list of claimed rows, without an error", answered, clauses=("3.for-update",))
-        racers.append(([plan], lambda dsn, name=name, i=i: [{"name": name, "dsn": dsn, "ops": [
-            {"barrier": True}, call("claim", "$conn", f"racer-{i + 1}", LIMIT, 30)]}]))
-    cases = race(ctx, db, racers)
-    seqs = [s for rows in got for s in rows]
-    owners = query(db, "SELECT seq, claimed_by, fence FROM outbox WHERE claimed_by IS NOT NULL ORDER BY seq")
-    fences = [f for _s, _o, f in owners]
-    name = "no row is claimed by two publishers"
-    called, expected = f"claim in {RACERS} processes at once, limit {LIMIT}", \
-        f"{RACERS * LIMIT} different rows, each with its own fence"
-    if any(c.outcome is not Outcome.PASSED for c in cases):
-        summary = Case(name, Outcome.NOT_REACHED, called, expected, "a racer failed (above)", clauses=("3.for-update",))
-    elif len(seqs) != len(set(seqs)):
-        summary = Case(name, Outcome.WRONG, called, expected, f"the racers got rows {got}: one row twice",
-                       FOR_UPDATE_HINT, clauses=("3.for-update",))
-    elif len(fences) != len(set(fences)):
-        summary = Case(name, Outcome.WRONG, called, expected, f"the claimed rows carry fences {fences}: one twice",
-                       SEQ_HINT, clauses=("3.sequence-fence",))
-    elif len(seqs) != RACERS * LIMIT:
-        summary = Case(name, Outcome.WRONG, called, expected, f"the racers got rows {got}",
-                       "Each publisher takes up to `limit` rows nobody else holds.", clauses=("3.for-update",))
-    else:
-        summary = Case(name, Outcome.PASSED, called, expected, clauses=("3.for-update", "3.sequence-fence"))
-    return [*cases, summary]
+    return race(ctx, db, f"{RACERS} publishers claim at once", f"claim(conn, 'racer-N', {LIMIT}, 30) in {RACERS} "
+                "processes at the same moment", f"{RACERS * LIMIT} different rows, each with its own fence",
+                ("3.for-update", "3.sequence-fence"), RACERS,
+                lambda i: [call("claim", "$conn", f"racer-{i + 1}", LIMIT, 30)], one_owner)

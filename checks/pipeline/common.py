@@ -9,7 +9,7 @@ from collections.abc import Callable
 from checks.pipeline.servers import Db, Servers
 from labkit.judge.expect import Miss, Plan, describe
 from labkit.judge.run import StepContext, together
-from labkit.judge.verdict import Case
+from labkit.judge.verdict import Case, Outcome
 from labkit.values import encode
 
 BARRIER = (31337, 4242)  # probes.BARRIER
@@ -41,32 +41,62 @@ def run(ctx: StepContext, plans: list[Plan], specs: list[dict]) -> list[Case]:
     return ctx.cases("script", plans, {"cases": specs})
 
 
-def race(ctx: StepContext, db: Db, racers: list[tuple[list[Plan], Callable[[str], list[dict]]]]) -> list[Case]:
-    """Each racer in its own child and folder; all wait at a barrier (an advisory lock the judge
-    holds) and go at once when the last one arrived. `specs(dsn)` makes a racer's cases."""
+def race(ctx: StepContext, db: Db, name: str, called: str, expected: str, clauses: tuple[str, ...], count: int,
+         ops: Callable[[int], list[dict]], verdict: Callable[[list[dict]], Miss | None]) -> list[Case]:
+    """ONE case: `count` racers, each in its own child and folder, wait at a barrier (an advisory
+    lock the judge holds) and go at once when the last one arrived; `verdict(records)` judges what
+    they all did. Which racer wins is the scheduler's choice, so no case is about one racer."""
+    records: list[dict] = []
+
+    def keep(record: dict) -> Miss | None:
+        records.append(record)
+        return None
+
     with db.judge() as judge:
         judge.execute("SELECT pg_advisory_lock(%s, %s)", BARRIER)
+        ended: list[int] = []  # racers whose child has ended (one that never loads never arrives)
 
         def release() -> None:
             deadline = time.monotonic() + BARRIER_WAIT
             try:
-                while time.monotonic() < deadline:
+                while time.monotonic() < deadline and len(ended) < count:
                     waiting = judge.execute(
                         "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
                         " AND classid = %s AND objid = %s AND database = (SELECT oid FROM pg_database"
                         " WHERE datname = current_database())", BARRIER).fetchone()[0]
-                    if waiting >= len(racers):
+                    if waiting >= count:
                         break
                     time.sleep(0.01)
             finally:
                 judge.execute("SELECT pg_advisory_unlock(%s, %s)", BARRIER)
 
-        def racer(i: int, plans: list[Plan], specs: Callable[[str], list[dict]]) -> list[Case]:
+        def racer(i: int) -> list[Case]:
             apart = ctx.apart(f"racer{i}")
-            return apart.cases("script", plans, {"cases": specs(db.dsn(apart.workdir))})
+            label = f"{name} ({i + 1})"
+            try:
+                return apart.cases("script", [Plan(label, called, expected, keep, clauses=clauses)],
+                                   {"cases": [{"name": label, "dsn": db.dsn(apart.workdir),
+                                               "ops": [{"barrier": True}, *ops(i)]}]})
+            finally:
+                ended.append(i)
 
-        results = together([release, *[lambda i=i, p=p, s=s: racer(i, p, s) for i, (p, s) in enumerate(racers)]])
-    return [case for cases in results[1:] for case in cases]
+        results = together([release, *[lambda i=i: racer(i) for i in range(count)]])
+    cases = [case for found in results[1:] for case in found]
+    unfinished = sorted((c for c in cases if c.outcome is not Outcome.PASSED), key=lambda c: (str(c.outcome), c.got))
+    if unfinished:  # the skeleton, a hang, a death: as any case says it
+        first = unfinished[0]
+        return [Case(name, first.outcome, called, expected, first.got, first.hint, first.trace, clauses=first.clauses)]
+    miss = verdict(records)
+    if miss is None:
+        return [Case(name, Outcome.PASSED, called, expected, clauses=clauses)]
+    raised = any(r["outcome"]["kind"] == "raised" for r in records)
+    return [Case(name, Outcome.RAISED if raised else miss.outcome, called, expected, miss.got, miss.hint,
+                 clauses=(miss.clause,) if miss.clause else clauses)]
+
+
+def outcomes(records: list[dict]) -> list[str]:
+    """What each racer's last call did, sorted: the same list whichever racer won."""
+    return sorted(describe(r["outcome"]) for r in records)
 
 
 def returned(record: dict):

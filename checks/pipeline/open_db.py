@@ -4,7 +4,7 @@ opening one new database at the same moment."""
 from __future__ import annotations
 
 from checks.pipeline import schema
-from checks.pipeline.common import call, first_error, idle_killed, one, race, run, servers
+from checks.pipeline.common import call, first_error, idle_killed, one, outcomes, race, run, servers
 from labkit.judge.expect import Miss, Plan, describe
 from labkit.judge.run import StepContext
 from labkit.judge.verdict import Case
@@ -138,21 +138,16 @@ def check_concurrent_open(ctx: StepContext) -> list[Case]:
         for sql in SLOW_DDL:
             judge.execute(sql)
 
-    def both_open(record: dict) -> Miss | None:
-        outcome = record["outcome"]
-        if outcome["kind"] == "raised":
-            return Miss(describe(outcome), LOCK_HINT)
+    def both_open(records: list[dict]) -> Miss | None:
+        failed = [r for r in records if r["outcome"]["kind"] != "returned"]
+        if failed:
+            return Miss("; ".join(outcomes(failed)), LOCK_HINT)
         with db.judge() as judge:
             problems = schema.schema_problems(judge)
         if problems:
             return Miss("the schema differs: " + "; ".join(problems[:3]), "Create exactly the contract's tables.")
         return None
 
-    racers = []
-    for who in ("A", "B"):
-        name = f"two processes open one new database at once ({who})"
-        plan = Plan(name, f"open_db(dsn) in process {who} while process {'B' if who == 'A' else 'A'} does too",
-                    "both get a connection, the schema is created once", both_open, clauses=("1.concurrent-open",))
-        racers.append(([plan], lambda dsn, name=name: [{"name": name, "dsn": dsn, "ops": [
-            {"barrier": True}, call("open_db", "$dsn", keep="db")]}]))
-    return race(ctx, db, racers)
+    return race(ctx, db, "two processes open one new database at once", "open_db(dsn) in two processes at the "
+                "same moment", "both get a connection, the schema is created once", ("1.concurrent-open",), 2,
+                lambda i: [call("open_db", "$dsn", keep="db")], both_open)

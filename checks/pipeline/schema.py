@@ -37,9 +37,17 @@ def canonical(event: dict) -> str:
 
 
 def create(role_dsn: str) -> None:
-    with psycopg.connect(role_dsn, autocommit=True) as con, con.transaction():
-        for statement in SCHEMA:
-            con.execute(statement)
+    with psycopg.connect(role_dsn, autocommit=True) as con:
+        # the role's idle-in-transaction limit is for the student's code; a judge on a busy
+        # machine may pause longer than that between two statements of its own
+        con.execute("SET idle_in_transaction_session_timeout = 0")
+        with con.transaction():
+            _create(con)
+
+
+def _create(con: psycopg.Connection) -> None:
+    for statement in SCHEMA:
+        con.execute(statement)
 
 
 def schema_problems(con: psycopg.Connection) -> list[str]:
