@@ -96,7 +96,7 @@ CLAUSES = contract(
     Clause("final.consumer-dies", "consumer A dies between commit and XACK; B's reclaim and consume find it "
                                   "applied: stock counted once"),
     Clause("final.valkey-killed", "Valkey SIGKILLed and restarted: answered XADDs, the group and its PEL kept; "
-                                  "later processes carry on"),
+                                  "a publisher while it is down saves nothing; later processes carry on"),
     Clause("final.postgres-crash", "PostgreSQL stopped in immediate mode mid-apply: the half-done apply is "
                                    "gone, the entry pending, applied once later"),
     Clause("final.poison", "a poison body and a deadly event are dead-lettered with their reasons; the rest "

@@ -141,10 +141,7 @@ class Scene:
                        "claimed by it, unpublished, with one entry in the stream.")
         first_fence = row[0][1]
         self.note("Valkey", "entry", f"{entries[0][0]}: snack-1 with fence {first_fence}")
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and not self.query(
-                "SELECT claim_until < clock_timestamp() FROM outbox WHERE id = 'snack-1'")[0][0]:
-            time.sleep(0.02)
+        self.wait_expired("snack-1")
         self.note("PostgreSQL", "expired", "publisher #1's claim on snack-1 expired (database clock)")
         record = self.process("publisher #2", [call("publish", "$db", "$r", "publisher-2", 16, 5, self.key)])
         entries = self.entries()
@@ -201,19 +198,60 @@ class Scene:
         valkey.kill(self.own.vk)
         self.note("Valkey", "killed", "SIGKILL by the judge")
         self.fault("Valkey killed with SIGKILL and restarted on the same data")
+        # A publisher that runs while Valkey is down: its XADD is never answered, so the error
+        # propagates and the row stays claimed (step 4's rule, met on a real outage).
+        late = ev(11)
+        self.accepted.append(late)
+        record = self.process("publisher #3b", [call("accept", "$db", late),
+                                                call("publish", "$db", "$r", "publisher-3b", 16, LEASE, self.key)],
+                              exit_code=None)
+        self.outage_publish(record, late["id"])
         valkey.restart(self.own.vk)
         self.note("Valkey", "restarted", "restarted on the same data, port and users")
         after_entries, after_pel = [i for i, _f in self.entries()], [p[:2] for p in self.pel()]
         if after_entries != before_entries or after_pel != before_pel:
             raise Fail(f"after the restart: {len(after_entries)} entries (before {len(before_entries)}), "
                        f"pending {after_pel} (before {before_pel})", "")
-        record = self.process("consumer D", [call("reclaim", "$r", self.key, GROUP, "consumer-D", 0, 3),
-                                             call("consume", "$db", "$r", self.key, GROUP, "consumer-D", 100, 0)])
-        consumed = self.values(record)[2]
-        if consumed != {"applied": 3, "duplicate": 0, "dead": 0} or self.pel():
-            raise Fail(f"consumer D's consume returned {show(consumed)}; pending {self.pel()}",
-                       "After the restart, a new consumer reclaims C's entries and applies all three.")
+        self.wait_expired(late["id"])
+        record = self.process("worker D", [call("publish", "$db", "$r", "publisher-D", 16, 5, self.key),
+                                           call("reclaim", "$r", self.key, GROUP, "consumer-D", 0, 3),
+                                           call("consume", "$db", "$r", self.key, GROUP, "consumer-D", 100, 0)])
+        published, _reclaimed, consumed = self.values(record)[1:]
+        if published != {"published": 1, "stale": 0}:
+            raise Fail(f"worker D's publish returned {show(published)} after the restart",
+                       f"{late['id']}'s claim expired while Valkey was down: the next publisher claims it and adds it.")
+        if consumed != {"applied": 4, "duplicate": 0, "dead": 0} or self.pel():
+            raise Fail(f"worker D's consume returned {show(consumed)}; pending {self.pel()}",
+                       "After the restart, a new consumer reclaims C's entries and applies them, and the two new "
+                       "ones: four in all.")
         self.check_stock("after Valkey's restart")
+
+    def outage_publish(self, record: dict, event_id: str) -> None:
+        """What publisher #3b did while Valkey was down: it must not save a row whose XADD was
+        never answered, and its publish must raise the connection error."""
+        rows = self.query("SELECT claimed_by, fence, published_at IS NOT NULL, stream_id FROM outbox WHERE id = %s",
+                          (event_id,))
+        calls = record.get("observed", {}).get("calls", [])
+        outcome = calls[-1] if len(calls) == 3 else {"kind": "missing"}
+        if rows and rows[0][2]:
+            raise Fail(f"publisher #3b saved {event_id} as published (stream_id {rows[0][3]!r}) while Valkey was "
+                       f"down: its XADD was never answered, and the stream has no such entry",
+                       "A lost connection is an XADD error: let it propagate and save nothing, so the row stays "
+                       "claimed until its lease expires and another publisher adds it. Saved without an entry, the "
+                       "event is lost for good.")
+        if outcome.get("kind") != "raised" or "ConnectionError" not in outcome.get("mro", []):
+            raise Fail(f"publisher #3b's publish, with Valkey down: {expect.describe(outcome)}",
+                       "An XADD error (here the connection refused) stops the batch and propagates.")
+        if not rows or rows[0][0] != "publisher-3b" or not rows[0][1]:
+            raise Fail(f"{event_id}'s row after the failed XADD: {rows}",
+                       "Leave the row claimed: its lease expires and another publisher retries it.")
+
+    def wait_expired(self, event_id: str) -> None:
+        """Until the row's claim has expired on the database's clock (bounded)."""
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and not self.query(
+                "SELECT claim_until < clock_timestamp() FROM outbox WHERE id = %s", (event_id,))[0][0]:
+            time.sleep(0.02)
 
     def postgres_crash(self) -> None:
         event_ = ev(10)
