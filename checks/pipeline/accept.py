@@ -16,7 +16,7 @@ from checks.pipeline.common import (
     servers,
 )
 from labkit.judge.expect import Miss, Plan, both, raises, returns, under
-from labkit.judge.run import StepContext
+from labkit.judge.run import StepContext, together
 from labkit.judge.verdict import Case
 from labkit.values import show
 
@@ -116,7 +116,9 @@ def check_accept(ctx: StepContext) -> list[Case]:
         specs.append({"name": plans[-1].name, "ops": [call("accept", "$conn", event)]})
     for spec in specs:
         spec["dsn"] = db.dsn(ctx.workdir)
-    return run(ctx, plans, specs) + check_race(ctx)
+    # the race in its own children beside the batch: neither waits for the other's process starts
+    cases, raced = together([lambda: run(ctx, plans, specs), lambda: check_race(ctx)])
+    return cases + raced
 
 
 RACERS = 3
