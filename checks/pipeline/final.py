@@ -172,7 +172,7 @@ class Scene:
             raise Fail(f"after consumer A died before XACK: inbox {inbox}, pending {pel}",
                        "Commit, then before_ack, then XACK: A died in before_ack, so the event is applied and the "
                        "entry still pending for A.")
-        time.sleep(0.25)
+        self.wait_idle(first, 200)
         record = self.process("consumer B", [call("reclaim", "$r", self.key, GROUP, "consumer-B", 200, 3),
                                              call("consume", "$db", "$r", self.key, GROUP, "consumer-B", 100, 0)])
         reclaimed, consumed = self.values(record)[1:]
@@ -246,6 +246,16 @@ class Scene:
             raise Fail(f"{event_id}'s row after the failed XADD: {rows}",
                        "Leave the row claimed: its lease expires and another publisher retries it.")
 
+    def wait_idle(self, entry_id: str, ms: int) -> None:
+        """Until the pending entry has been idle `ms` as XPENDING reports it (bounded)."""
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            with self.own.judge_valkey() as judge:
+                found = judge.xpending_range(self.key, GROUP, min=entry_id, max=entry_id, count=1)
+            if not found or found[0]["time_since_delivered"] > ms:
+                return
+            time.sleep(max(0.005, min(0.05, (ms - found[0]["time_since_delivered"] + 1) / 1000)))
+
     def wait_expired(self, event_id: str) -> None:
         """Until the row's claim has expired on the database's clock (bounded)."""
         deadline = time.monotonic() + 5
@@ -265,7 +275,8 @@ class Scene:
             try:
                 done["record"] = self.process(
                     "consumer E", [call("consume", "$db", "$r", self.key, GROUP, "consumer-E", 1, 0,
-                                        hooks={"before_commit": {"do": "sleep", "seconds": 3.0}})], exit_code=None)
+                                        hooks={"before_commit": {"do": "until_closed", "seconds": 10.0}})],
+                    exit_code=None)
             except Fail as exc:
                 done["fail"] = exc
 

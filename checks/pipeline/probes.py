@@ -116,8 +116,24 @@ def _hook(case: Case, name: str, spec: dict):
             _exit(spec["code"])
         if active and spec.get("do") == "sleep":  # frozen inside the hook while the judge acts
             _sleep(spec["seconds"])
+        if active and spec.get("do") == "until_closed":  # frozen until the server ends the connection
+            _until_closed(case, spec["seconds"])
 
     return hook
+
+
+def _until_closed(case: Case, most: float) -> None:
+    """Wait (at most `most` s) until the server has ended a PostgreSQL connection of the case's:
+    its socket turns readable (the server's goodbye, then end of file), as when the judge stops
+    the server. What is read is left to the connection's owner."""
+    import select
+
+    socks = [c for c in (case._conn, *case.kept.values()) if hasattr(c, "pgconn") and not c.closed]
+    fds = [c.fileno() for c in socks]
+    if fds:
+        select.select(fds, [], [], most)
+    else:
+        _sleep(most)
 
 
 def _skew(module, seconds: float) -> None:
