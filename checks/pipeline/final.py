@@ -11,12 +11,16 @@ user's credentials only; the judge decides from what it reads itself and from ex
 
 from __future__ import annotations
 
+import contextlib
+import subprocess
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from checks.pipeline.common import call
 from checks.pipeline.servers import Servers
 from labkit.judge import expect
+from labkit.judge.child import ChildRun, ChildSession, child_session
 from labkit.judge.run import StepContext
 from labkit.judge.timeline import event, rung
 from labkit.judge.verdict import Case, Outcome
@@ -40,9 +44,79 @@ def ev(i: int | str, sku: str | None = None, qty: int | None = None) -> dict:
     return {"id": i if isinstance(i, str) else f"snack-{i}", "sku": sku or SKUS[n % 2], "qty": qty or n}
 
 
+class Warm:
+    """The scene's processes, started ahead: while the judge runs one actor (or starts or kills
+    a server), the next interpreters start and import the student's module, so an actor's
+    process is ready when the scenario needs it. Each still runs ONE actor and ends (or dies),
+    in a process of its own; `run` gives it its ops and returns its ChildRun, `started_at` the
+    moment it got them. `close` ends those not needed; run_lab's markers end them on every
+    other path."""
+
+    PROBE = "checks.pipeline.probes:script_when_asked"
+    AHEAD = 2  # processes started ahead: an actor's run is shorter than a process's start
+
+    def __init__(self, ctx: StepContext) -> None:
+        self.ctx = ctx
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(max_workers=self.AHEAD, thread_name_prefix="pipeline-warm")
+        self._ahead: list[Future] = []
+        self._closed = False
+
+    def _start(self) -> tuple[contextlib.ExitStack, ChildSession]:
+        stack = contextlib.ExitStack()
+        try:
+            session = stack.enter_context(child_session(
+                self.ctx.solution, workdir=self.ctx.workdir, timeout=self.ctx.timeout, marker=self.ctx.marker(),
+                module_name=self.ctx.lab.module_name, probe=self.PROBE))
+        except BaseException:
+            stack.close()
+            raise
+        return stack, session
+
+    def prime(self) -> None:
+        """Start the first processes now (they need no server yet: a DSN comes with the ops)."""
+        with self._lock:
+            while not self._closed and len(self._ahead) < self.AHEAD:
+                self._ahead.append(self._pool.submit(self._start))
+
+    def _take(self) -> Future:
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the scene's processes are closed")
+            while len(self._ahead) < self.AHEAD + 1:
+                self._ahead.append(self._pool.submit(self._start))
+            return self._ahead.pop(0)
+
+    def run(self, args: dict, timeout: float) -> ChildRun:
+        stack, session = self._take().result()
+        with stack:
+            session.run.started_at = time.time()
+            if session.imported:
+                reply = session.call({"args": args}, timeout=timeout)
+                if reply.get("event") == "reply":  # it ends by itself now: wait for its exit code
+                    try:
+                        session.proc.wait(timeout=5)
+                    except subprocess.TimeoutExpired:
+                        pass
+        return session.run
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed, spares, self._ahead = True, self._ahead, []
+        try:
+            for spare in spares:
+                try:
+                    stack, _session = spare.result()
+                except Exception:  # it failed to start: child_session cleaned up after it
+                    continue
+                stack.close()
+        finally:
+            self._pool.shutdown(wait=True)
+
+
 class Scene:
-    def __init__(self, ctx: StepContext, own: Servers) -> None:
-        self.ctx, self.own = ctx, own
+    def __init__(self, ctx: StepContext, own: Servers, warm: Warm) -> None:
+        self.ctx, self.own, self.warm = ctx, own, warm
         self.db = own.database("final", settings=False)
         self.user = own.user("final")
         self.key = self.user.prefix + "orders"
@@ -82,7 +156,7 @@ class Scene:
         the scenario expects (None: any; a hook's os._exit code, or 0 for a normal end)."""
         spec = {"name": actor, "dsn": self.db.dsn(self.ctx.workdir), "valkey": self.user.kwargs,
                 "ops": [call("open_db", "$dsn", keep="db"), *ops]}
-        run = self.ctx.child("script", {"cases": [spec]}, timeout=timeout)
+        run = self.warm.run({"cases": [spec]}, timeout or self.ctx.timeout)
         self.note(actor, "started", "process started", run.started_at)
         record = run.cases().get(actor)
         if run.import_error is not None or not run.imported:
@@ -379,25 +453,33 @@ SCENARIOS = [
 
 def check_final(ctx: StepContext) -> list[Case]:
     cases: list[Case] = []
-    with Servers() as own:
-        scene = Scene(ctx, own)
-        stopped = None
-        for name, clause, method in SCENARIOS:
-            if stopped is not None:
-                cases.append(Case(name, Outcome.NOT_REACHED, method, "", f"not run: {stopped} failed first",
-                                  clauses=(clause,)))
-                continue
-            try:
-                getattr(scene, method)()
-            except Fail as exc:
-                cases.append(Case(name, exc.outcome, method.replace("_", " "), "", exc.got, exc.hint,
-                                  clauses=(clause,)))
-                stopped = name
-            else:
-                cases.append(Case(name, Outcome.PASSED, method.replace("_", " "), "", clauses=(clause,)))
+    warm = Warm(ctx)
+    try:
+        warm.prime()  # the first processes start while the servers do
+        with Servers() as own:
+            _run_scenarios(Scene(ctx, own, warm), cases)
+    finally:
+        warm.close()
     # consumer E's process is noted when its thread ends, after what the judge did meanwhile
     ctx.evidence.timeline.sort(key=lambda e: e["t"])
     return cases
+
+
+def _run_scenarios(scene: Scene, cases: list[Case]) -> None:
+    stopped = None
+    for name, clause, method in SCENARIOS:
+        if stopped is not None:
+            cases.append(Case(name, Outcome.NOT_REACHED, method, "", f"not run: {stopped} failed first",
+                              clauses=(clause,)))
+            continue
+        try:
+            getattr(scene, method)()
+        except Fail as exc:
+            cases.append(Case(name, exc.outcome, method.replace("_", " "), "", exc.got, exc.hint,
+                              clauses=(clause,)))
+            stopped = name
+        else:
+            cases.append(Case(name, Outcome.PASSED, method.replace("_", " "), "", clauses=(clause,)))
 
 
 
