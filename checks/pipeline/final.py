@@ -63,15 +63,21 @@ class Warm:
         self._closed = False
 
     def _start(self) -> tuple[contextlib.ExitStack, ChildSession]:
-        stack = contextlib.ExitStack()
-        try:
-            session = stack.enter_context(child_session(
-                self.ctx.solution, workdir=self.ctx.workdir, timeout=self.ctx.timeout, marker=self.ctx.marker(),
-                module_name=self.ctx.lab.module_name, probe=self.PROBE))
-        except BaseException:
+        for attempt in (1, 2):
+            stack = contextlib.ExitStack()
+            try:
+                session = stack.enter_context(child_session(
+                    self.ctx.solution, workdir=self.ctx.workdir, timeout=self.ctx.timeout,
+                    marker=self.ctx.marker(), module_name=self.ctx.lab.module_name, probe=self.PROBE))
+            except BaseException:
+                stack.close()
+                raise
+            # As run_child does: a child that ended before it reached the student's module ran
+            # only the course's code (seen on a loaded machine), so it is started once more.
+            if session.imported or session.run.reached_module or attempt == 2:
+                return stack, session
             stack.close()
-            raise
-        return stack, session
+        raise AssertionError("unreachable")
 
     def prime(self) -> None:
         """Start the first processes now (they need no server yet: a DSN comes with the ops)."""
