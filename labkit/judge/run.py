@@ -231,7 +231,12 @@ def _run_steps(lab: LabSpec, chosen: list[StepSpec], solution: Path, seed: int, 
     # never start, and each running one ends within its own limit.
     with ThreadPoolExecutor(max_workers=max(1, jobs) + 1) as pool:
         check = pool.submit(_import_failure, lab, solution, timeout)
-        futures = [pool.submit(_run_step, lab, spec, solution, seed, timeout, shared) for spec in chosen]
+        # The final check first: it is a lab's longest step (a sequence of processes and kills),
+        # so the steps share the other workers beside it instead of all running before it.
+        # Verdicts keep the lab's order.
+        first = sorted(range(len(chosen)), key=lambda i: str(chosen[i].step) != "final")
+        submitted = {i: pool.submit(_run_step, lab, chosen[i], solution, seed, timeout, shared) for i in first}
+        futures = [submitted[i] for i in range(len(chosen))]
         problem = check.result()
         if problem is not None:
             for future in futures:
