@@ -36,13 +36,18 @@ class Stream:
                 prefix: str = "r") -> list[str]:
         """`count` new entries delivered to `consumer`, then made `idle` ms idle and delivered `times` times."""
         with self.srv.judge_valkey() as judge:
-            ids = [judge.xadd(self.key, entry(ev(f"{prefix}-{i}"))) for i in range(count)]
+            with judge.pipeline(transaction=False) as pipe:  # the same commands, one round trip
+                for i in range(count):
+                    pipe.xadd(self.key, entry(ev(f"{prefix}-{i}")))
+                ids = pipe.execute()
             judge.xreadgroup(GROUP, consumer, {self.key: ">"}, count=count)
             if idle is not None or times is not None:
                 extra = [*(["IDLE", idle] if idle is not None else []), *(["RETRYCOUNT", times] if times else [])]
-                for start in range(0, len(ids), 100):
-                    judge.execute_command("XCLAIM", self.key, GROUP, consumer, 0, *ids[start:start + 100], *extra,
-                                          "JUSTID")
+                with judge.pipeline(transaction=False) as pipe:
+                    for start in range(0, len(ids), 100):
+                        pipe.execute_command("XCLAIM", self.key, GROUP, consumer, 0, *ids[start:start + 100], *extra,
+                                             "JUSTID")
+                    pipe.execute()
         return ids
 
     def owners(self) -> dict[str, str]:
