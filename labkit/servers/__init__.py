@@ -1,1 +1,1 @@
-"""The servers the labs talk to, run by the judge: the warehouse (HTTP)."""
+"""The servers the labs talk to, run by the judge: the warehouse (HTTP), PostgreSQL and Valkey."""
