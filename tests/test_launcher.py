@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -205,7 +206,8 @@ def test_a_judge_box_that_ends_before_the_judge_began_is_retried_once_then_named
 
     def attach(self, judge_pid):
         calls.append(judge_pid)
-        if len(calls) <= failures:
+        if len(calls) <= failures:  # as seen in CI: the judge's first process is already gone
+            os.kill(judge_pid, signal.SIGKILL)
             raise FileNotFoundError(f"/proc/{judge_pid}/ns/net")
         return real(self, judge_pid)
 
