@@ -21,24 +21,41 @@ import traceback
 from pathlib import Path
 
 from labkit import labs
-from labkit.judge.run import run_lab
+from labkit.judge.run import LabSpec, run_lab
 
 MAX_REQUEST = 1 << 16
 
 
-def answer(request: dict) -> dict:
-    """The verdict's JSON for one request, or {"error": ...} when the request is not one."""
+class BadRequest(ValueError):
+    """A check that cannot be run as asked: the command says it as a usage error, the warm judge as its answer."""
+
+
+def resolve(lab_name: str, solution: Path, steps: list[str] | None) -> tuple[LabSpec, list[str] | None]:
+    """The lab to judge `solution` with, and `steps` (None: all), or BadRequest saying what is wrong."""
     try:
-        lab = labs.load(str(request["lab"]))
-        solution = Path(str(request["solution"])).resolve()
-        steps = [str(s) for s in request.get("steps") or []] or None
-        seed = request.get("seed")
-        for step in steps or []:
-            lab.step(step)
-    except (KeyError, TypeError, ValueError) as exc:
-        return {"error": f"not a check request: {type(exc).__name__}: {exc}"}
+        lab = labs.load(lab_name)
+    except KeyError:
+        raise BadRequest(f"unknown lab {lab_name!r}; known: {', '.join(labs.available())}") from None
     if not solution.is_file():
-        return {"error": f"no such file: {solution}"}
+        raise BadRequest(f"no such file: {solution}")
+    for step in steps or []:
+        try:
+            lab.step(step)
+        except KeyError:
+            raise BadRequest(f"lab {lab_name} has no step {step!r}") from None
+    return lab, steps or None
+
+
+def answer(request: dict) -> dict:
+    """The verdict's JSON for one request, or {"error": ...} when it cannot be run."""
+    try:
+        solution = Path(str(request["solution"])).resolve()
+        lab, steps = resolve(str(request["lab"]), solution, [str(s) for s in request.get("steps") or []])
+    except BadRequest as exc:
+        return {"error": str(exc)}
+    except (KeyError, TypeError) as exc:
+        return {"error": f"not a check request: {type(exc).__name__}: {exc}"}
+    seed = request.get("seed")
     return run_lab(lab, solution, steps, seed if isinstance(seed, int) else None).to_json()
 
 

@@ -19,7 +19,6 @@ from labkit import labs
 from labkit.judge.verdict import Case, LabVerdict, Outcome, StepVerdict, from_json
 from labkit.notebook import module_export, step_cell, warm_judge
 
-CHECK_TIMEOUT = warm_judge.CHECK_TIMEOUT
 SETUP_FIRST = ("Run the setup cell at the top of this notebook first (`lab = Lab(\"{lab}\")`): a fresh or "
                "restarted kernel does not know this lab yet. Then run this cell again.")
 
@@ -90,7 +89,7 @@ class Lab:
             module_export.rebuild(self.workdir, self.name, self.module_file)
         request = {"lab": self.name, "solution": str(self.module_path.resolve()),
                    "steps": [str(step)] if step is not None else [], "seed": seed}
-        reply = warm_judge.run(request, Path(self.workdir).resolve(), CHECK_TIMEOUT)
+        reply = warm_judge.run(request, Path(self.workdir).resolve())
         if isinstance(reply, str):
             return reply
         if "error" in reply:
