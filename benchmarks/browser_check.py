@@ -66,6 +66,7 @@ from driver import (  # noqa: E402
     collect_descendants,
     place,
     run_cell,
+    stop_session,
     wait_cell_done,
     wait_for_kernel,
 )
@@ -181,34 +182,6 @@ def timed_check(page, server: JupyterLab, index: int, step: str) -> tuple[float,
     return (state["panel"] - state["pressed"]) / 1000, (state["first"] - state["pressed"]) / 1000
 
 
-def stop_tree(proc: subprocess.Popen) -> None:
-    """A command still running (Ctrl-C, timeout): SIGINT to its session first, so the judge cleans
-    up after itself, then SIGKILL to the session and to every descendant noted before."""
-    if proc.poll() is not None:
-        return
-    try:
-        descendants = psutil.Process(proc.pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        descendants = []
-    try:
-        os.killpg(proc.pid, signal.SIGINT)
-        proc.wait(timeout=STOP_GRACE)
-    except (ProcessLookupError, subprocess.TimeoutExpired):
-        pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    for child in descendants:
-        try:
-            child.kill()
-        except psutil.NoSuchProcess:
-            pass
-    proc.wait(timeout=STOP_GRACE)
-    psutil.wait_procs(descendants, timeout=STOP_GRACE)
-    collect_descendants(descendants, proc.pid)
-
-
 def timed_command(step: str, cwd: Path) -> float:
     """Wall time of `python -m labkit check outbox --solution solutions/worker.py --step N`."""
     solution = ROOT / "solutions" / labs.manifest(LAB).module_file
@@ -223,7 +196,8 @@ def timed_command(step: str, cwd: Path) -> float:
     finally:
         signal.pthread_sigmask(signal.SIG_BLOCK, DEFERRED)
         try:
-            stop_tree(proc)
+            # SIGINT first, so the judge cleans up after itself
+            stop_session(proc, signal.SIGINT, STOP_GRACE, kill_group=True)
         finally:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, DEFERRED)
     if proc.returncode != 0:
