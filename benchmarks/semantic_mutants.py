@@ -721,6 +721,10 @@ def function_at(source: str, line: int) -> str:
 if __name__ == "__main__":
     import difflib
 
+    if not sys.argv[1:] or sys.argv[1] in ("-h", "--help"):
+        print("usage: python benchmarks/semantic_mutants.py MODULE.py ...  (prints every semantic mutant's diff)\n")
+        print(__doc__)
+        sys.exit(0 if sys.argv[1:] else 2)
     for path in sys.argv[1:]:
         text = Path(path).read_text()
         for m in mutants(text):

@@ -57,21 +57,14 @@ def parser() -> argparse.ArgumentParser:
 
 def run_check(args: argparse.Namespace) -> int:
     from labkit.judge.run import run_lab
+    from labkit.judge.serve import BadRequest, resolve
     from labkit.views.render_text import render_lab
     from labkit.views.standing import MODULE
 
     try:
-        lab = labs.load(args.lab)
-    except KeyError:
-        raise UsageError(f"unknown lab {args.lab!r}; known: {', '.join(labs.available())}") from None
-    if not args.solution.is_file():
-        raise UsageError(f"no such file: {args.solution}")
-    steps = args.step or None
-    for step in steps or []:
-        try:
-            lab.step(step)
-        except KeyError:
-            raise UsageError(f"lab {args.lab} has no step {step!r}") from None
+        lab, steps = resolve(args.lab, args.solution, args.step)
+    except BadRequest as exc:
+        raise UsageError(str(exc)) from None
     verdict = run_lab(lab, args.solution.resolve(), steps, args.seed)
     from labkit.grading.terminal import safe_lines
 

@@ -866,3 +866,19 @@ def test_a_kernel_that_fails_to_start_gets_one_fresh_try(tmp_path, monkeypatch, 
         assert "ran" in nb.cells[0].outputs[0]["text"]
     else:
         assert "Kernel didn't respond" in result.message
+
+
+def test_a_rerun_never_shares_a_work_or_socket_folder_with_a_killed_run(tmp_path):
+    """A killed grader's worker may still be cleaning up when the rerun grades the same
+    submission: its folders are its run's own, so its clean-up cannot take the rerun's files
+    (seen in CI: the rerun's module vanished mid-grade, FileNotFoundError, row crashed)."""
+    from labkit.grading.settings import socket_folder, work_folder
+
+    key, killed, rerun = "s3--outbox", reaper.new_marker(), reaper.new_marker()
+    for folder_of in (work_folder, socket_folder):
+        old, new = folder_of(tmp_path, key, killed), folder_of(tmp_path, key, rerun)
+        new.mkdir(parents=True)
+        (new / "worker.py").write_text("kept")
+        shutil.rmtree(old, ignore_errors=True)  # the killed run's worker, cleaning up late
+        assert (new / "worker.py").read_text() == "kept"
+        shutil.rmtree(new)

@@ -111,12 +111,13 @@ def _texts(out: Path) -> dict[str, str]:
     return found
 
 
-def _said(row: dict | None, own: str) -> str:
-    """A missing payload's diagnosis: the row's status and what its feedback says of ends and limits."""
+def _said(row: dict | None, feedback: str) -> str:
+    """A missing payload's diagnosis: the row's status and what its feedback page says of ends and limits."""
     if row is None:
         return "no row"
-    ends = re.findall(r".{0,120}(?:FIRED:|did not finish|killed|died|budget|could not run).{0,160}", own)
-    return f"status {row.get('status')!r} {row.get('message', '')[:200]!r}; " + " | ".join(ends[:4])
+    ends = re.findall(r".{0,120}(?:FIRED:|did not|killed|died|budget|could not|ended before|timed out).{0,200}",
+                      feedback)
+    return f"status {row.get('status')!r} {row.get('message', '')[:200]!r}; feedback: " + " | ".join(ends[:8])
 
 
 def test_the_batch_finishes_with_a_row_per_student(batch):
@@ -159,7 +160,8 @@ def test_every_payload_fired_inside_the_sandbox(batch):
         own = "\n".join(t for path, t in texts.items() if f"/{e.student}/" in path)
         for item in e.evidence:
             if not any(text in own for text in ((item,) if isinstance(item, str) else item)):
-                missing.append(f"{e.student!r}: {item!r}; its row says: {_said(rows.get(e.student), own)}")
+                feedback = "\n".join(t for path, t in texts.items() if f"/feedback/{e.student}/" in path)
+                missing.append(f"{e.student!r}: {item!r}; its row says: {_said(rows.get(e.student), feedback)}")
     assert not missing, "no evidence that these payloads ran:\n" + "\n".join(missing)
     rows = _rows(batch)
     for e in batch["entries"]:  # a pipe attack that made its row malformed: the row says why

@@ -92,7 +92,9 @@ STEP_3 = [
     Clause("3.conflict-no-change", "A Conflict changes nothing: the first order stays as it was."),
     Clause("3.one-transaction", "The order and its outbox row are written in one transaction: whichever insert "
                                 "fails, neither row remains."),
-    Clause("3.original-error", "A failure part-way propagates the original sqlite3 error, not a wrapper."),
+    Clause("3.original-error", "A failure part-way propagates the original error, not a wrapper: an sqlite3 "
+                               "error, or a KeyboardInterrupt — even one that arrives just after COMMIT or "
+                               "ROLLBACK, when a clean-up's own ROLLBACK would fail and replace it."),
     Clause("3.no-transaction-left", "After every call (new, repeat, conflict, invalid, failure) the caller's "
                                     "connection is open and holds no transaction: another connection can write."),
     Clause("3.concurrent-writer", "The repeat lookup and the inserts are one BEGIN IMMEDIATE transaction: when "
@@ -137,7 +139,9 @@ STEP_5 = [
     Clause("5.conflict-no-change", "A Conflict changes nothing."),
     Clause("5.one-transaction", "The inbox row and the stock change commit together: whichever write fails, "
                                 "neither remains."),
-    Clause("5.original-error", "A failure part-way propagates the original sqlite3 error."),
+    Clause("5.original-error", "A failure part-way propagates the original error: an sqlite3 error, or a "
+                               "KeyboardInterrupt — even one that arrives just after COMMIT or ROLLBACK, when a "
+                               "clean-up's own ROLLBACK would fail and replace it."),
     Clause("5.no-transaction-left", "After every call the caller's connection is open and holds no transaction."),
     Clause("5.concurrent-writer", "The inbox lookup and the writes are one BEGIN IMMEDIATE transaction: when "
                                   "another connection applies the same event at any moment (before or between any "
@@ -156,6 +160,9 @@ STEP_6 = [
                                  "raises KeyError and changes nothing."),
     Clause("6.no-transaction-left", "After every call (a KeyboardInterrupt or an sqlite3 error part-way too) the "
                                     "caller's connection is open and holds no transaction."),
+    Clause("6.original-error", "An error or a KeyboardInterrupt part-way propagates as it was raised — even one "
+                               "that arrives just after COMMIT or ROLLBACK: mark_sent's clean-up rolls back only "
+                               "an open transaction, so its own ROLLBACK never fails and replaces it."),
     Clause("6.concurrent-writer", "mark_sent reads the flag and updates it in its own transaction: when another "
                                   "connection marks the row at any moment (before or between any two of "
                                   "mark_sent's statements), mark_sent returns False (the other marked it) or True "

@@ -11,7 +11,9 @@ statement boundary, each time on a fresh copy of the same file, and
   (takes the write lock without waiting, writes, keeps the lock HOLD seconds, commits);
 - "hold": the judge keeps the write lock for the whole call, past the short busy timeout of
   the connection the student gets;
-- a fault: statement k raises a KeyboardInterrupt or an sqlite3 error instead of running.
+- a fault: statement k raises a KeyboardInterrupt or an sqlite3 error instead of running;
+- AFTER_END: the k-th COMMIT or ROLLBACK runs, then a KeyboardInterrupt arrives — the
+  transaction is over, so a clean-up that rolls back unconditionally fails and replaces it.
 
 After each call the judge reads the file and tries to write it itself.
 """
@@ -41,6 +43,10 @@ KI_HINT = ("Roll back in `except BaseException:` (or `finally`), not `except Exc
            "(Ctrl-C) part-way must not leave the transaction open.")
 FAULT_MESSAGE = "disk I/O error (injected by the judge)"
 NO_STATEMENT_HINT = "Make the plain call work first: this case faults each SQL statement the call runs."
+AFTER_END = "KeyboardInterrupt after the transaction ended"  # a mode of probes.interleaving
+ENDED_HINT = ("The KeyboardInterrupt came after COMMIT or ROLLBACK had run, so no transaction was open: roll back "
+              "only `if con.in_transaction:`, then re-raise (a bare `raise`). An unconditional ROLLBACK raises "
+              "'cannot rollback - no transaction is active', and that error replaces the one the caller must see.")
 
 
 @dataclass
@@ -85,7 +91,7 @@ class Interleaved:
             compete: Callable[[Path], db.Competing] | None = None) -> None:
         """`judge(runs)`: the runs as the child reported them, each with what the judge saw
         `between` (its competing writer) and `after` (its write, the file) added."""
-        count = 1 if mode == "hold" else MAX_STATEMENTS
+        count = 1 if mode == "hold" else 3 if mode == AFTER_END else MAX_STATEMENTS
         stem = f"i{len(self.specs)}"
         self.files[label] = [make(self.ctx.path(f"{stem}-{k}.db")) for k in range(1, count + 1)]
         if mode == "hold":  # the write lock, taken at the first statement, kept until the call ends
@@ -168,8 +174,14 @@ def fault_judge(kind: str, clauses: dict[str, str], allowed: Callable[[Any], boo
     """Every run with its fault: that same error out, the file as before (or, for a fault after
     the commit, as after a clean call), no transaction left. `clauses`: error, state, left."""
 
+    ended = kind == AFTER_END
+
     def judge(runs: list[dict]) -> Miss | None:
         if not any(r.get("reached") for r in runs):  # nothing was faulted: never a pass
+            if ended:
+                return RunMiss(runs[0], f"the call {outcome_text(runs[0]['outcome'], 80)} without ending a "
+                                        "transaction (no COMMIT or ROLLBACK ran), so no interrupt could follow one",
+                               TRANSACTION_HINT, clauses["error"])
             return RunMiss(runs[0], f"the call {outcome_text(runs[0]['outcome'], 80)} before running any SQL "
                                     "statement, so no fault could be tried", NO_STATEMENT_HINT, clauses["error"])
         clean = [r for r in runs if not r.get("reached")]
@@ -178,7 +190,11 @@ def fault_judge(kind: str, clauses: dict[str, str], allowed: Callable[[Any], boo
             if not run.get("reached"):
                 continue
             after = run.get("after") or {}
-            if kind == "KeyboardInterrupt":
+            if ended:
+                if not raised(run, "KeyboardInterrupt"):
+                    return RunMiss(run, f"a KeyboardInterrupt just after {show(run.get('sql') or '?', 40)} had ended the transaction: "
+                                        f"the call {outcome_text(run['outcome'], 100)}", ENDED_HINT, clauses["error"])
+            elif kind == "KeyboardInterrupt":
                 if not raised(run, "KeyboardInterrupt"):
                     return RunMiss(run, f"a KeyboardInterrupt at {where(run)}: the call "
                                         f"{outcome_text(run['outcome'], 80)}",
@@ -190,7 +206,7 @@ def fault_judge(kind: str, clauses: dict[str, str], allowed: Callable[[Any], boo
                                "Re-raise the original error after ROLLBACK (a bare `raise`), and roll back only "
                                "`if con.in_transaction`: a ROLLBACK that fails replaces the original error.",
                                clauses["error"])
-            miss = left_state(run, clauses["left"], KI_HINT if kind == "KeyboardInterrupt" else TRANSACTION_HINT)
+            miss = left_state(run, clauses["left"], KI_HINT if kind != "OperationalError" else TRANSACTION_HINT)
             if miss is not None:
                 return miss
             state = after.get("state")
@@ -201,6 +217,17 @@ def fault_judge(kind: str, clauses: dict[str, str], allowed: Callable[[Any], boo
         return None
 
     return judge
+
+
+def add_after_end(steps: Interleaved, make: Callable[[Path], Path], args: list, called: str, state: str,
+                  clauses: dict[str, str], allowed: Callable[[Any], bool]) -> None:
+    """The case of a KeyboardInterrupt just after each COMMIT or ROLLBACK of `steps.fn`."""
+    fn = steps.fn
+    steps.add(f"a KeyboardInterrupt just after each COMMIT or ROLLBACK of {fn}", AFTER_END, make, args,
+              f"{called}, where a KeyboardInterrupt arrives just after {fn}'s 1st, 2nd, … COMMIT or ROLLBACK has "
+              "run (a fresh file each time)",
+              f"that KeyboardInterrupt out, not an error of the clean-up; {state}; no open transaction",
+              fault_judge(AFTER_END, clauses, allowed), tuple(dict.fromkeys(clauses.values())))
 
 
 def article(word: str) -> str:
@@ -324,6 +351,9 @@ def accept_cases(ctx: StepContext, old: dict, new: dict) -> Interleaved:
                   fault_judge(kind, {"error": "3.original-error", "state": "3.one-transaction",
                                      "left": "3.no-transaction-left"}, lambda state: state == empty),
                   ("3.original-error", "3.one-transaction", "3.no-transaction-left"))
+    add_after_end(steps, make, [new], called, "the order and its outbox row as the transaction left them",
+                  {"error": "3.original-error", "state": "3.one-transaction", "left": "3.no-transaction-left"},
+                  lambda state: state == empty)
     return steps
 
 
@@ -375,6 +405,9 @@ def receive_cases(ctx: StepContext, new: dict, base: int) -> Interleaved:
                   fault_judge(kind, {"error": "5.original-error", "state": "5.one-transaction",
                                      "left": "5.no-transaction-left"}, lambda state: state == before),
                   ("5.original-error", "5.one-transaction", "5.no-transaction-left"))
+    add_after_end(steps, make, [new], called, "the event applied once or not at all, as the transaction left it",
+                  {"error": "5.original-error", "state": "5.one-transaction", "left": "5.no-transaction-left"},
+                  lambda state: state == before)
     return steps
 
 
@@ -417,4 +450,7 @@ def mark_sent_cases(ctx: StepContext, target: dict, other: dict) -> Interleaved:
                   fault_judge(kind, {"error": "6.no-transaction-left", "state": "6.no-transaction-left",
                                      "left": "6.no-transaction-left"}, lambda state: state == before),
                   ("6.no-transaction-left",))
+    add_after_end(steps, make, [target["id"]], called, "the row as the transaction left it",
+                  {"error": "6.original-error", "state": "6.no-transaction-left", "left": "6.no-transaction-left"},
+                  lambda state: state == before)
     return steps

@@ -322,6 +322,7 @@ def bad_replies(mod, args: dict) -> None:
 
 _FAULTS = {"KeyboardInterrupt": lambda: KeyboardInterrupt(),
            "OperationalError": lambda: sqlite3.OperationalError("disk I/O error (injected by the judge)")}
+AFTER_END = "KeyboardInterrupt after the transaction ended"  # the mode's name, as in interleave.py
 
 
 def interleaving(mod, args: dict) -> None:
@@ -330,7 +331,8 @@ def interleaving(mod, args: dict) -> None:
     - "compete": the judge writes with its own connection there (`see(..., "between")`);
     - "hold": the judge holds the write lock from the first statement until the call ends,
       on a connection whose busy timeout is short;
-    - a fault name: that statement raises the fault instead of running.
+    - a fault name: that statement raises the fault instead of running;
+    - AFTER_END: the k-th statement that ends a transaction runs, then raises KeyboardInterrupt.
     After each call the judge looks at the file itself (`see(..., "after")`)."""
     from labkit.probe import statements
 
@@ -343,6 +345,8 @@ def interleaving(mod, args: dict) -> None:
         for k, path in enumerate(spec["files"], 1):
             if mode in _FAULTS:
                 con, counter = statements.faulty(path, k, _FAULTS[mode]())
+            elif mode == AFTER_END:
+                con, counter = statements.faulty(path, k, KeyboardInterrupt(), after_end=True)
             else:
                 # the judge's writer commits HOLD s after it got in: a busy machine must not turn
                 # the student's wait for it into 'database is locked'

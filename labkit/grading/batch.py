@@ -43,6 +43,7 @@ from labkit.grading.settings import (
     release_dir,
     socket_folder,
     socket_folders,
+    work_folder,
 )
 from labkit.grading.shards import WHOLE, Shard, shard_of
 from labkit.grading.terminal import safe, safe_lines
@@ -227,7 +228,7 @@ def collect(run: Running, batch: Batch) -> dict:
         message = f"Grading this notebook took over {limit:g} s and was stopped."
     run.proc.join()
     _sweep(job["marker"])
-    shutil.rmtree(out / WORK / job["key"], ignore_errors=True)
+    shutil.rmtree(work_folder(out, job["key"], job["marker"]), ignore_errors=True)
     shutil.rmtree(socket_folder(out, job["key"], job["marker"]), ignore_errors=True)
     result = gradebook.read_result(gradebook.result_path(out, job["key"]))
     if result is not None and result.get("marker") == job["marker"]:

@@ -87,6 +87,13 @@ def socket_folder(out: Path, key: str, marker: str) -> Path:
     return _socket_base() / f"labkit-kernel-{_job_digest(out, key)}-{marker[:8]}"
 
 
+def work_folder(out: Path, key: str, marker: str) -> Path:
+    """Where one run of one job keeps the judge's copy of the module: a folder of this run's own.
+    A rerun after a killed grader once shared `.work/<key>` with the killed run's worker, whose
+    clean-up removed the rerun's module mid-grade (seen in CI: FileNotFoundError, row crashed)."""
+    return Path(out) / WORK / f"{key}-{marker[:8]}"
+
+
 def socket_folders(out: Path, key: str) -> list[Path]:
     """Every socket folder of `key` under `out`, of this run or of an earlier, killed one."""
     return sorted(_socket_base().glob(f"labkit-kernel-{_job_digest(out, key)}-*"))

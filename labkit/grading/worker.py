@@ -35,9 +35,9 @@ from labkit.grading.settings import (
     JOB_MARKER,
     MAX_NOTEBOOK_BYTES,
     OK,
-    WORK,
     Limits,
     socket_folder,
+    work_folder,
 )
 from labkit.grading.submissions import NotANotebook, read_capped, read_notebook, slug
 from labkit.judge.verdict import LabVerdict
@@ -91,7 +91,7 @@ def grade(job: dict) -> dict:
     out = Path(job["out"])
     limits = Limits.from_env()
     marker = job["marker"]
-    work = out / WORK / job["key"]
+    work = work_folder(out, job["key"], marker)
     shutil.rmtree(work, ignore_errors=True)
     judge_dir, sockets = work / "judge", socket_folder(out, job["key"], job["marker"])
     shutil.rmtree(sockets, ignore_errors=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import random
 import shutil
 import sys
@@ -194,8 +195,25 @@ def _run_step(lab: LabSpec, spec: StepSpec, solution: Path, seed: int, timeout: 
     return verdict
 
 
+# Modules whose import check passed in this process, by lab and content: the next run of the
+# same bytes (another step's check from a warm judge, the next seed in the tests) skips that
+# child. Passes only: a failure is checked again every time, and a module that stops loading
+# after a pass is still caught by each step's own children, which import it too.
+_LOADED: set[tuple[str, str, str]] = set()
+
+
+def _loaded_key(lab: LabSpec, solution: Path) -> tuple[str, str, str] | None:
+    try:
+        return lab.name, lab.module_name, hashlib.sha256(solution.read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
 def _import_failure(lab: LabSpec, solution: Path, timeout: float) -> tuple[str, str, str] | None:
     """Load the module once before any step: a module that can't load fails every step once."""
+    key = _loaded_key(lab, solution)
+    if key is not None and key in _LOADED:
+        return None
     workdir = Path(tempfile.mkdtemp(prefix="labkit-"))
     marker = reaper.new_marker()
     try:
@@ -205,6 +223,8 @@ def _import_failure(lab: LabSpec, solution: Path, timeout: float) -> tuple[str, 
         reaper.kill_marked(marker)
         shutil.rmtree(workdir, ignore_errors=True)
     if run.imported:
+        if key is not None:
+            _LOADED.add(key)
         return None
     return expect.import_problem(run, timeout)
 

@@ -13,16 +13,12 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 from labkit import labs
 from labkit.judge.verdict import Case, LabVerdict, Outcome, StepVerdict, from_json
-from labkit.notebook import module_export, step_cell
+from labkit.notebook import module_export, step_cell, warm_judge
 
-CHECK_TIMEOUT = 180.0  # the judge bounds each step itself; this only guards the guard
 SETUP_FIRST = ("Run the setup cell at the top of this notebook first (`lab = Lab(\"{lab}\")`): a fresh or "
                "restarted kernel does not know this lab yet. Then run this cell again.")
 
@@ -88,30 +84,20 @@ class Lab:
         return module_export.saved_parts(self.workdir, self.name)
 
     def run_judge(self, step: str | int | None = None, seed: int | None = None) -> LabVerdict | str:
-        """Run the judge in its own process; returns a verdict, or a message if it could not run."""
+        """Ask the kernel's judge (its own process, `warm_judge`); a verdict, or a message if it could not run."""
         if not self.module_path.exists():
             module_export.rebuild(self.workdir, self.name, self.module_file)
-        cmd = [sys.executable, "-m", "labkit", "check", self.name, "--solution", str(self.module_path), "--json"]
-        if step is not None:
-            cmd += ["--step", str(step)]
-        if seed is not None:
-            cmd += ["--seed", str(seed)]
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                start_new_session=True, cwd=self.workdir)
+        request = {"lab": self.name, "solution": str(self.module_path.resolve()),
+                   "steps": [str(step)] if step is not None else [], "seed": seed}
+        reply = warm_judge.run(request, Path(self.workdir).resolve())
+        if isinstance(reply, str):
+            return reply
+        if "error" in reply:
+            return f"The check could not run.\n{reply['error']}"
         try:
-            out, err = proc.communicate(timeout=CHECK_TIMEOUT)
-        except (KeyboardInterrupt, subprocess.TimeoutExpired):
-            proc.send_signal(signal.SIGTERM)  # the judge cleans up its children on SIGTERM
-            try:
-                proc.communicate(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.communicate()
-            raise
-        try:
-            return from_json(json.loads(out))
-        except (ValueError, KeyError):
-            return f"The check could not run (exit {proc.returncode}).\n{err.strip()[-2000:]}"
+            return from_json(reply)
+        except (ValueError, KeyError, TypeError) as exc:
+            return f"The check could not run: its verdict could not be read ({exc})."
 
     def _not_run_yet(self, step: str, saved: dict[str, str]) -> LabVerdict | None:
         """A check before its step cell (or before the provided-code cell) has nothing to judge:

@@ -9,6 +9,9 @@ number, never a timer), both on the connection the probe hands the student:
 - `faulty(path, k, fault)`: a connection whose k-th statement raises `fault` instead of running
   (an exception, or a KeyboardInterrupt as Ctrl-C would deliver it), once; `faulty_connects`
   does the same to the connections a function opens itself (an `open_*` function).
+- `faulty(path, k, fault, after_end=True)`: the k-th statement that *ends* a transaction
+  (COMMIT, ROLLBACK, or `commit()`/`rollback()`) runs, and then `fault` is raised — Ctrl-C
+  landing just after the transaction is over, when there is nothing left to roll back.
 
 Statements a trigger runs inside another statement are not counted: they are not boundaries
 where anything else can happen.
@@ -61,24 +64,39 @@ def before_statement(con: sqlite3.Connection, k: int, act: Callable[[str], None]
     return counter
 
 
-def gated(base: type[sqlite3.Connection], gate: Callable[[str], None]) -> type[sqlite3.Connection]:
+def gated(base: type[sqlite3.Connection], gate: Callable[[str], None],
+          ended: Callable[[str], None] | None = None) -> type[sqlite3.Connection]:
     """A connection class (a subclass of `base`) that calls `gate(sql)` before every statement its
-    cursors run: execute, executemany, executescript (a script counts as one)."""
+    cursors run: execute, executemany, executescript (a script counts as one); and `ended(sql)`
+    right after one of them, or `commit()`/`rollback()`, ended the transaction that was open."""
+
+    def around(con, sql, run):
+        was = con.in_transaction
+        result = run()
+        if ended is not None and was and not con.in_transaction:
+            ended(sql)
+        return result
 
     class Cursor(sqlite3.Cursor):
         def execute(self, sql, *a, **kw):
             gate(sql)
-            return super().execute(sql, *a, **kw)
+            return around(self.connection, sql, lambda: super(Cursor, self).execute(sql, *a, **kw))
 
         def executemany(self, sql, *a, **kw):
             gate(sql)
-            return super().executemany(sql, *a, **kw)
+            return around(self.connection, sql, lambda: super(Cursor, self).executemany(sql, *a, **kw))
 
         def executescript(self, script, *a, **kw):
             gate(script)
-            return super().executescript(script, *a, **kw)
+            return around(self.connection, script, lambda: super(Cursor, self).executescript(script, *a, **kw))
 
     class Connection(base):
+        def commit(self):
+            return around(self, "commit()", super().commit)
+
+        def rollback(self):
+            return around(self, "rollback()", super().rollback)
+
         def cursor(self, factory=Cursor):
             return super().cursor(factory)
 
@@ -102,12 +120,16 @@ def _raising_at(counter: Counter, fault: BaseException) -> Callable[[str], None]
     return gate
 
 
-def faulty(path: str, k: int, fault: BaseException, timeout: float = 1.0) -> tuple[sqlite3.Connection, Counter]:
-    """A connection (isolation_level None) whose k-th statement raises `fault` before running."""
+def faulty(path: str, k: int, fault: BaseException, timeout: float = 1.0,
+           after_end: bool = False) -> tuple[sqlite3.Connection, Counter]:
+    """A connection (isolation_level None) whose k-th statement raises `fault` before running; with
+    `after_end`, the k-th statement that ends a transaction runs, then raises `fault`."""
     counter = Counter(k)
-    con = sqlite3.connect(path, isolation_level=None, timeout=timeout, factory=gated(sqlite3.Connection,
-                                                                                     _raising_at(counter, fault)))
-    return con, counter
+    if after_end:
+        factory = gated(sqlite3.Connection, lambda sql: None, _raising_at(counter, fault))
+    else:
+        factory = gated(sqlite3.Connection, _raising_at(counter, fault))
+    return sqlite3.connect(path, isolation_level=None, timeout=timeout, factory=factory), counter
 
 
 @contextmanager

@@ -101,28 +101,43 @@ class JupyterLab:
         return f"http://127.0.0.1:{self.port}{path}?token={self.token}{'&reset' if reset else ''}"
 
     def stop(self) -> None:
-        import psutil
-
-        # Kernels run in sessions of their own: note every descendant before the server goes.
-        try:
-            descendants = psutil.Process(self.proc.pid).children(recursive=True)
-        except psutil.NoSuchProcess:
-            descendants = []
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)  # the server shuts its kernels down on SIGTERM
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=5)
-        for child in descendants:
-            try:
-                child.kill()  # anything that outlived the server's own shutdown
-            except psutil.NoSuchProcess:
-                pass
-        psutil.wait_procs(descendants, timeout=5)
-        collect_descendants(descendants, self.proc.pid)
+        # Kernels run in sessions of their own; the server shuts them down on SIGTERM.
+        stop_session(self.proc, signal.SIGTERM, grace=15)
         self.log.close()
+
+
+def stop_session(proc: subprocess.Popen, polite: int, grace: float, kill_group: bool = False) -> None:
+    """Stop `proc`, the leader of a session of its own, if it still runs: `polite` to its group and
+    up to `grace` s, then SIGKILL to the group (always with `kill_group`, else only if the leader
+    outlived the grace); then SIGKILL to every descendant noted first, and collect them."""
+    import psutil
+
+    try:
+        descendants = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        descendants = []
+    if proc.poll() is None:
+        late = False
+        try:
+            os.killpg(proc.pid, polite)
+            proc.wait(timeout=grace)
+        except ProcessLookupError:
+            pass
+        except subprocess.TimeoutExpired:
+            late = True
+        if late or kill_group:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait(timeout=5)
+    for child in descendants:
+        try:
+            child.kill()  # anything that outlived the leader's own shutdown
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(descendants, timeout=5)
+    collect_descendants(descendants, proc.pid)
 
 
 def collect_descendants(descendants: list, parent: int | None = None) -> None:

@@ -342,6 +342,11 @@ import os as _os
 _t('rm', lambda: _os.unlink('/dev/shm/fill'))
 """
 
+# In the judge's child: the same, but the memory is only reserved, never touched, so it is refused
+# by the address-space limit at once. Touching 768 MB costs ~0.6 s of CPU in every case's process,
+# which under CI's load ran the step out of its time before the payload could report (seen).
+CHILD_MEMORY = MEMORY.replace("hog.append(bytearray(2**28))", "hog.append(__import__('mmap').mmap(-1, 2**28))")
+
 DISK = TRY + """
 import os as _os
 def _fill(path, chunks):
@@ -633,7 +638,7 @@ def build(release: NotebookNode, reference: str, targets: Targets, *, wrong_mark
                            why="a fork bomb in the kernel and in the judge's child"))
     memo = ref()
     _after(memo, setup, kernel_cell("memo-kernel", MEMORY))
-    _set_step(memo, "3", witness("memo", _child_payload(MEMORY)))
+    _set_step(memo, "3", witness("memo", _child_payload(CHILD_MEMORY)))
     entries.append(Hostile("memo", "01-lab.ipynb", memo, wit, evidence=(("FIRED:memo: memory", MEMORY_KILLED), "FIRED:memo-kernel: ["),
                            why="allocates until refused and fills /dev/shm, in the kernel and the judge's child"))
     entries.append(Hostile("disky", "01-lab.ipynb", witnessing("disky", _child_payload(DISK)), wit,
