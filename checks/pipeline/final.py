@@ -19,7 +19,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 from checks.pipeline.common import call
 from checks.pipeline.servers import Servers
-from labkit.judge import expect
+from labkit.judge import expect, freeze, hooks
 from labkit.judge.child import ChildRun, ChildSession, child_session
 from labkit.judge.run import StepContext
 from labkit.judge.timeline import event, rung
@@ -93,12 +93,12 @@ class Warm:
                 self._ahead.append(self._pool.submit(self._start))
             return self._ahead.pop(0)
 
-    def run(self, args: dict, timeout: float) -> ChildRun:
+    def run(self, args: dict, timeout: float, on_note=None) -> ChildRun:
         stack, session = self._take().result()
         with stack:
             session.run.started_at = time.time()
             if session.imported:
-                reply = session.call({"args": args}, timeout=timeout)
+                reply = session.call({"args": args}, timeout=timeout, on_note=on_note)
                 if reply.get("event") == "reply":  # it ends by itself now: wait for its exit code
                     try:
                         session.proc.wait(timeout=5)
@@ -157,12 +157,14 @@ class Scene:
             return judge.xrange(self.key + ".dead") if judge.exists(self.key + ".dead") else []
 
     # --- a process -----------------------------------------------------------------------------
-    def process(self, actor: str, ops: list[dict], exit_code: int | None = 0, timeout: float | None = None) -> dict:
+    def process(self, actor: str, ops: list[dict], exit_code: int | None = 0, timeout: float | None = None,
+                on_note=None) -> dict:
         """Run `ops` (after open_db) in a new child; its record, checked against the exit code
-        the scenario expects (None: any; a hook's os._exit code, or 0 for a normal end)."""
+        the scenario expects (None: any; a hook's os._exit code, or 0 for a normal end).
+        `on_note(record, session)`: what the judge does when a hook of it reports and holds."""
         spec = {"name": actor, "dsn": self.db.dsn(self.ctx.workdir), "valkey": self.user.kwargs,
                 "ops": [call("open_db", "$dsn", keep="db"), *ops]}
-        run = self.warm.run({"cases": [spec]}, timeout or self.ctx.timeout)
+        run = self.warm.run({"cases": [spec]}, timeout or self.ctx.timeout, on_note)
         self.note(actor, "started", "process started", run.started_at)
         record = run.cases().get(actor)
         if run.import_error is not None or not run.imported:
@@ -349,39 +351,52 @@ class Scene:
         self.process("publisher #4", [call("accept", "$db", event_),
                                       call("publish", "$db", "$r", "publisher-4", 16, 5, self.key)])
         entry_id = self.entries()[-1][0]
-        done: dict = {}
+        seen: dict = {}
 
-        def frozen() -> None:
+        def crash_while_frozen(record: dict, session) -> None:
+            """Consumer E holds in before_commit: the judge stops every process of it (SIGSTOP
+            from outside), checks that its transaction is open with a write in it, stops
+            PostgreSQL in immediate mode and restarts it, then SIGCONTs E and lets it go on."""
+            if seen:  # a second hook call: nothing more to do there
+                hooks.release(session)
+                return
+            pids = freeze.freeze(session.proc, session.marker)
             try:
-                done["record"] = self.process(
-                    "consumer E", [call("consume", "$db", "$r", self.key, GROUP, "consumer-E", 1, 0,
-                                        hooks={"before_commit": {"do": "until_closed", "seconds": 10.0}})],
-                    exit_code=None)
-            except Fail as exc:
-                done["fail"] = exc
-
-        thread = threading.Thread(target=frozen)
-        thread.start()
-        try:
-            deadline, open_tx = time.monotonic() + 10, False
-            while time.monotonic() < deadline and thread.is_alive() and not open_tx:
-                open_tx = bool(self.query(
+                seen["stopped"] = bool(pids) and all(freeze.stopped(p) for p in pids)
+                seen["open_tx"] = bool(self.query(
                     "SELECT 1 FROM pg_stat_activity WHERE datname = current_database() AND usename <> 'judge'"
                     " AND state = 'idle in transaction' AND backend_xid IS NOT NULL"))
-                time.sleep(0.02)
-            if not open_tx:
-                raise Fail("consumer E never held an open transaction with a write in before_commit",
-                           "Call before_commit inside the transaction, after the inbox insert.")
-            self.note("consumer E", "frozen", "inside before_commit, its apply transaction open")
-            postgres.stop_immediately(self.own.pg)
-            self.note("PostgreSQL", "killed", "stopped in immediate mode by the judge")
-            self.fault("PostgreSQL stopped in immediate mode with consumer E's transaction open")
-            postgres.restart(self.own.pg)
-            self.note("PostgreSQL", "restarted", "recovered from its WAL")
-        finally:
-            thread.join()
-        if "fail" in done and done["fail"].outcome is not Outcome.WRONG:
-            raise done["fail"]
+                if not (seen["stopped"] and seen["open_tx"]):
+                    return
+                self.note("consumer E", "frozen", "stopped by the judge in before_commit (SIGSTOP from outside, "
+                          "state T), its apply transaction open")
+                postgres.stop_immediately(self.own.pg)
+                self.note("PostgreSQL", "killed", "stopped in immediate mode by the judge")
+                self.fault("PostgreSQL stopped in immediate mode with consumer E's transaction open "
+                           "(E frozen with SIGSTOP in before_commit)")
+                postgres.restart(self.own.pg)
+                self.note("PostgreSQL", "restarted", "recovered from its WAL")
+            finally:
+                freeze.thaw(pids)
+                if seen.get("open_tx"):
+                    self.note("consumer E", "continued", "SIGCONT from the judge: its connection is gone")
+                hooks.release(session)
+
+        try:
+            self.process("consumer E", [call("consume", "$db", "$r", self.key, GROUP, "consumer-E", 1, 0,
+                                              hooks={"before_commit": {"do": "hold"}})],
+                         exit_code=None, on_note=crash_while_frozen)
+        except Fail as exc:
+            if exc.outcome is not Outcome.WRONG:
+                raise
+        if not seen:
+            raise Fail("consumer E never called before_commit", "Call before_commit inside the transaction, after "
+                       "the inbox insert and the stock update, just before the commit.")
+        if not seen.get("stopped"):
+            raise Fail("the judge never saw consumer E stopped in before_commit (no process of it in state T)", "")
+        if not seen.get("open_tx"):
+            raise Fail("consumer E never held an open transaction with a write in before_commit",
+                       "Call before_commit inside the transaction, after the inbox insert.")
         if self.query("SELECT 1 FROM inbox WHERE id = %s", (event_["id"],)):
             raise Fail("the half-done apply survived the crash", "")
         if [p[:2] for p in self.pel()] != [(entry_id, "consumer-E")]:

@@ -116,24 +116,11 @@ def _hook(case: Case, name: str, spec: dict):
             _exit(spec["code"])
         if active and spec.get("do") == "sleep":  # frozen inside the hook while the judge acts
             _sleep(spec["seconds"])
-        if active and spec.get("do") == "until_closed":  # frozen until the server ends the connection
-            _until_closed(case, spec["seconds"])
+        if active and spec.get("do") == "hold":  # the judge freezes this process from outside, acts, thaws it
+            probe.emit({"event": "note", "kind": "hook", "hook": name})
+            probe.hold()
 
     return hook
-
-
-def _until_closed(case: Case, most: float) -> None:
-    """Wait (at most `most` s) until the server has ended a PostgreSQL connection of the case's:
-    its socket turns readable (the server's goodbye, then end of file), as when the judge stops
-    the server. What is read is left to the connection's owner."""
-    import select
-
-    socks = [c for c in (case._conn, *case.kept.values()) if hasattr(c, "pgconn") and not c.closed]
-    fds = [c.fileno() for c in socks]
-    if fds:
-        select.select(fds, [], [], most)
-    else:
-        _sleep(most)
 
 
 def _skew(module, seconds: float) -> None:
@@ -234,8 +221,14 @@ def script_when_asked(mod, args: dict) -> None:
     process, one actor, as if it had been started at that moment."""
     import json
 
-    with os.fdopen(int(os.environ["LABKIT_REQUEST_FD"]), "rb", closefd=True) as requests:
-        line = requests.readline()
+    # Read byte by byte and leave the pipe open: a hook's `probe.hold()` reads the judge's "go"
+    # from it later (closed, its number would be reused by a socket the hold then read from).
+    fd, line = int(os.environ["LABKIT_REQUEST_FD"]), b""
+    while not line.endswith(b"\n"):
+        chunk = os.read(fd, 1)
+        if not chunk:
+            break
+        line += chunk
     if not line:  # the judge did not need this one
         return
     request = json.loads(line)
