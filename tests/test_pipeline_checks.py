@@ -122,27 +122,29 @@ def test_skeleton_is_not_implemented_in_every_step(lab, tmp_path):
     assert result.score == 0
 
 
-def test_nothing_of_the_servers_is_left(lab, tmp_path):
-    """A run leaves no server process, socket or folder: on a pass, and on a step that fails."""
+def test_nothing_of_the_servers_is_left(lab, judge_tmp):
+    """A run leaves no server process, socket or folder: on a pass, and on a step that fails.
+    (In a temp dir of this test's own: other tests run servers beside it.)"""
     import psutil
+
+    private, _created = judge_tmp
 
     def ours() -> list:
         found = []
         for proc in psutil.process_iter(["cmdline", "cwd"]):
             try:
-                if "labkit-pipeline-" in (proc.info["cwd"] or ""):
+                if (proc.info["cwd"] or "").startswith(str(private)):
                     found.append(proc.info)
             except psutil.Error:
                 pass
         return found
 
-    before = set(Path("/tmp").glob("labkit-pipeline-*"))
     run_lab(lab, REFERENCE, steps=["1", "6"], seed=SEED)
-    broken = tmp_path / "pipeline.py"
+    broken = private.parent / "pipeline.py"
     broken.write_text(REFERENCE.read_text() + "\ndef consume(*a, **k):\n    raise SystemExit(3)\n")
     assert not run_lab(lab, broken, steps=["6"], seed=SEED).passed
     assert ours() == []
-    assert set(Path("/tmp").glob("labkit-pipeline-*")) <= before
+    assert list(private.iterdir()) == []
 
 
 def test_final_check_shows_the_processes_the_servers_their_kills_and_the_ladder(lab):
