@@ -24,10 +24,11 @@ def jupyter_env(tmp_path, monkeypatch):
 
 
 @pytest.fixture
-def judge_tmp(tmp_path, monkeypatch):
-    """A private temp dir for the judge (and its children), and a list of what it created there."""
-    private = tmp_path / "tmp"
-    private.mkdir()
+def judge_tmp(monkeypatch):
+    """A private temp dir for the judge (and its children), and a list of what it created there.
+    Short, in /tmp rather than under tmp_path: a server's Unix socket linked into a step folder
+    there must fit in 107 bytes (xdist's tmp_path alone takes ~70)."""
+    private = Path(tempfile.mkdtemp(prefix="lk-", dir="/tmp"))
     monkeypatch.setenv("TMPDIR", str(private))
     monkeypatch.setattr(tempfile, "tempdir", str(private))
     created: list[str] = []
@@ -39,7 +40,8 @@ def judge_tmp(tmp_path, monkeypatch):
         return path
 
     monkeypatch.setattr(tempfile, "mkdtemp", spy)
-    return private, created
+    yield private, created
+    shutil.rmtree(private, ignore_errors=True)
 
 
 @pytest.fixture

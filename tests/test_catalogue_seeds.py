@@ -60,6 +60,9 @@ TIMING_DEPENDENT = {
                                         "the scenario took",
     "relay:relay_claims_ahead_of_now": "claims at now + lease: which live leases it takes depends on when the "
                                        "scenario's publishers get the CPU",
+    "pipeline:accept_two_transactions": "the order and the outbox row in two transactions: whether, of three "
+                                        "racers, the one whose order went in also wins the outbox row (one True) "
+                                        "or another does (no True at all) is the scheduler's choice",
     "outbox:honours_proxy": "every call goes to the judge's proxy, which answers at once: whether that answer beats "
                             "the 0.15 s timeout of the slow-server cases depends on the load (seen in CI)",
 }

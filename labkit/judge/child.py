@@ -405,17 +405,29 @@ class ChildSession:
     def imported(self) -> bool:
         return self.run.imported and self.ended is None
 
-    def call(self, request: dict, timeout: float = CALL_TIMEOUT) -> dict:
-        """Send one request (the probe's format; an "id" is added) and wait at most `timeout`."""
+    def call(self, request: dict, timeout: float = CALL_TIMEOUT,
+             on_note: Callable[[dict, ChildSession], None] | None = None) -> dict:
+        """Send one request (the probe's format; an "id" is added) and wait at most `timeout`.
+
+        With `on_note`, each note the child sends before its reply (a hook it holds at) is
+        handed to it, the child still waiting (e.g. the judge freezes it from outside, acts,
+        thaws it and `hooks.release`s it); the judge's own time there is not the child's."""
         if self.ended is not None:
             return {"outcome": self.ended, "observed": {}}
         self.calls += 1
         deadline = time.monotonic() + timeout
         line = json.dumps({**request, "id": self.calls}, separators=(",", ":")).encode() + b"\n"
         if self._write(line, deadline):
-            reply = self._wait_for(lambda r: r.get("event") == "reply" and r.get("id") == self.calls, deadline)
-            if reply is not None:
-                return reply
+            while True:
+                found = self._wait_for(lambda r: (r.get("event") == "reply" and r.get("id") == self.calls)
+                                       or (on_note is not None and r.get("event") == "note"), deadline)
+                if found is None or found["event"] == "reply":
+                    break
+                self.run.records.append(found)
+                on_note(found, self)
+                deadline = time.monotonic() + timeout
+            if found is not None:
+                return found
         return {"outcome": self._end(timeout), "observed": {}}
 
     def wait_imported(self, timeout: float) -> bool:

@@ -7,6 +7,7 @@ itself — the DB files through its own connections, the servers' logs, exit cod
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import random
@@ -45,6 +46,10 @@ class LabSpec:
     probes: str  # the module whose functions run inside the child
     steps: list[StepSpec]
     contract: tuple[Clause, ...] = ()  # the clauses its cases are tagged with
+    # What one judge run of the lab shares across its steps (e.g. servers): a context manager
+    # factory entered once around every step of `run_lab`, left on every path; its value is
+    # each step's `ctx.shared`.
+    session: Callable[[], Any] | None = None
 
     def step(self, number: int | str) -> StepSpec:
         for spec in self.steps:
@@ -66,7 +71,8 @@ class LabSpec:
         return found
 
 
-def lab_spec(package: str, runs: Mapping[int | str, Callable], contract: tuple = ()):
+def lab_spec(package: str, runs: Mapping[int | str, Callable], contract: tuple = (),
+             session: Callable[[], Any] | None = None):
     """A lab's `LabSpec` from the manifest beside its checks and its step checks:
     `LAB = lab_spec(__package__, {1: check_1, ...})`.
 
@@ -81,7 +87,7 @@ def lab_spec(package: str, runs: Mapping[int | str, Callable], contract: tuple =
     steps = [StepSpec(s.step, s.title, s.points, by_name[str(s.step)], requires=s.requires) for s in lab.steps]
     # A lab without probes of its own calls its functions through labkit's generic ones.
     probes = lab.module(lab.probes[0]) if lab.probes else "labkit.probe"
-    return LabSpec(lab.name, lab.module_name, probes, steps, contract=contract)
+    return LabSpec(lab.name, lab.module_name, probes, steps, contract=contract, session=session)
 
 
 @dataclass
@@ -98,6 +104,7 @@ class StepContext:
     markers: list[str] = field(default_factory=list)
     step: int | str = ""  # the step this context runs (seeds what is derived per step)
     folders: list[Path] = field(default_factory=list)  # made by `apart`, removed with the step's
+    shared: Any = None  # what the lab's `session` gave this judge run (None without one)
 
     def apart(self, name: str) -> StepContext:
         """A context for children run side by side with this step's others: a work folder of its
@@ -159,10 +166,12 @@ def slices(count: int, size: int) -> list[slice]:
     return [slice(a, b) for a, b in zip(bounds, bounds[1:], strict=False) if b > a] or [slice(0, 0)]
 
 
-def _run_step(lab: LabSpec, spec: StepSpec, solution: Path, seed: int, timeout: float) -> StepVerdict:
+def _run_step(lab: LabSpec, spec: StepSpec, solution: Path, seed: int, timeout: float,
+              shared: Any = None) -> StepVerdict:
     started = time.monotonic()
     workdir = Path(tempfile.mkdtemp(prefix="labkit-"))
-    ctx = StepContext(lab, solution, workdir, random.Random(f"{seed}:{spec.step}"), seed, timeout, step=spec.step)
+    ctx = StepContext(lab, solution, workdir, random.Random(f"{seed}:{spec.step}"), seed, timeout, step=spec.step,
+                      shared=shared)
     verdict = StepVerdict(spec.step, spec.title, spec.points)
     try:
         verdict.cases = spec.run(ctx)
@@ -231,12 +240,23 @@ def run_lab(lab: LabSpec, solution: Path, steps: Sequence[int | str] | None = No
     timeout = timeout or step_timeout()
     chosen = [lab.step(s) for s in steps] if steps else list(lab.steps)
     verdict = LabVerdict(lab.name, seed)
+    with (lab.session() if lab.session is not None else contextlib.nullcontext()) as shared:
+        return _run_steps(lab, chosen, solution, seed, timeout, explain, verdict, started, shared, jobs)
+
+
+def _run_steps(lab: LabSpec, chosen: list[StepSpec], solution: Path, seed: int, timeout: float, explain: bool,
+               verdict: LabVerdict, started: float, shared: Any, jobs: int) -> LabVerdict:
     # The import check runs beside the steps, not before them: a module that loads (the usual
     # case) should not wait a process start for it. If it does not load, steps still queued
     # never start, and each running one ends within its own limit.
     with ThreadPoolExecutor(max_workers=max(1, jobs) + 1) as pool:
         check = pool.submit(_import_failure, lab, solution, timeout)
-        futures = [pool.submit(_run_step, lab, spec, solution, seed, timeout) for spec in chosen]
+        # The final check first: it is a lab's longest step (a sequence of processes and kills),
+        # so the steps share the other workers beside it instead of all running before it.
+        # Verdicts keep the lab's order.
+        first = sorted(range(len(chosen)), key=lambda i: str(chosen[i].step) != "final")
+        submitted = {i: pool.submit(_run_step, lab, chosen[i], solution, seed, timeout, shared) for i in first}
+        futures = [submitted[i] for i in range(len(chosen))]
         problem = check.result()
         if problem is not None:
             for future in futures:
@@ -253,14 +273,14 @@ def run_lab(lab: LabSpec, solution: Path, steps: Sequence[int | str] | None = No
         verdict.seconds = time.monotonic() - started
         return verdict
     if explain:
-        _explain_dependencies(lab, results, solution, seed, timeout)
+        _explain_dependencies(lab, results, solution, seed, timeout, shared)
     verdict.steps = results
     verdict.seconds = time.monotonic() - started
     return verdict
 
 
 def _explain_dependencies(lab: LabSpec, results: list[StepVerdict], solution: Path, seed: int,
-                          timeout: float) -> None:
+                          timeout: float, shared: Any = None) -> None:
     """A step that fails because a step it builds on fails should say so, and name it."""
     known = {str(v.step): v for v in results}
     for verdict in results:
@@ -270,7 +290,7 @@ def _explain_dependencies(lab: LabSpec, results: list[StepVerdict], solution: Pa
         failing = []
         for number in spec.requires:
             if str(number) not in known:  # run only on demand: passing code never pays for this
-                known[str(number)] = _run_step(lab, lab.step(number), solution, seed, timeout)
+                known[str(number)] = _run_step(lab, lab.step(number), solution, seed, timeout, shared)
             if not known[str(number)].passed:
                 failing.append(known[str(number)])
         if failing:

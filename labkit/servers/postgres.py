@@ -413,6 +413,9 @@ def socket_in(server: PostgresServer, db: Database, folder: Path) -> str:
     refuses. The step folder must be on the server folder's file system."""
     name = f".s.PGSQL.{PORT}"
     link = Path(folder) / name
+    if len(str(link).encode()) > MAX_SOCKET_PATH:  # libpq would say "connection is bad" in the student's code
+        raise ServerFailed(f"the socket path {link} is longer than {MAX_SOCKET_PATH} bytes, the limit of a "
+                           "Unix socket's name: set TMPDIR to a shorter folder")
     link.unlink(missing_ok=True)  # never follows a link the child may have put there
     try:
         os.link(server.socket_dir / name, link)

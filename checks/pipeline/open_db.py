@@ -1,0 +1,154 @@
+"""Lab `pipeline`, step 1: open_db on new, existing and locked-down databases, and two processes
+opening one new database at the same moment."""
+
+from __future__ import annotations
+
+from checks.pipeline import schema
+from checks.pipeline.common import call, first_error, idle_killed, one, outcomes, race, run, servers
+from labkit.judge.expect import Miss, Plan, describe
+from labkit.judge.run import StepContext, together
+from labkit.judge.verdict import Case
+
+LOCK_HINT = ("Two processes ran `CREATE TABLE IF NOT EXISTS` at the same moment and one failed in PostgreSQL's "
+             "catalog: `IF NOT EXISTS` does not see a table another transaction is still creating. Create the "
+             "schema in one `with conn.transaction():` that first takes `SELECT pg_advisory_xact_lock(<a fixed "
+             "number>)`, so the second process waits and then finds everything there.")
+IDLE_HINT = ("Your connection sat idle inside an open transaction after open_db returned, holding its locks "
+             "(the server ended it after 300 ms). Connect with `autocommit=True` and run every write inside "
+             "`with conn.transaction():`.")
+
+# The judge slows each session's first CREATE TABLE by 0.2 s (an event trigger), so two racers'
+# schema creations overlap for sure instead of by luck.
+SLOW_DDL = ["""CREATE FUNCTION judge_slow_ddl() RETURNS event_trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF current_setting('judge.slowed', true) IS DISTINCT FROM 'yes' THEN
+    PERFORM set_config('judge.slowed', 'yes', false);
+    PERFORM pg_sleep(0.2);
+  END IF;
+END $$""", "CREATE EVENT TRIGGER judge_slow_ddl ON ddl_command_start WHEN TAG IN ('CREATE TABLE')"
+           " EXECUTE FUNCTION judge_slow_ddl()"]
+ROWS = [("INSERT INTO orders VALUES ('keep-1', 'apple', 3)",),
+        ("INSERT INTO outbox(id, body) VALUES ('keep-1', '{\"id\":\"keep-1\",\"qty\":3,\"sku\":\"apple\"}')",),
+        ("INSERT INTO inbox(id, body, stream_id) VALUES ('keep-0', '{}', '1-0')",),
+        ("INSERT INTO stock VALUES ('apple', 7)",)]
+
+
+def is_connection(record: dict) -> Miss | None:
+    seen = record["observed"]
+    if record["outcome"]["kind"] != "returned":
+        return Miss(describe(record["outcome"]))
+    if seen.get("closed"):
+        return Miss("a closed connection", "Return the open connection: `with psycopg.connect(...) as conn:` "
+                    "closes it when the block ends.")
+    if seen.get("type") != "psycopg.Connection":
+        return Miss(f"returned a {seen.get('type')}", "Return the psycopg.Connection that open_db opened.")
+    if not seen.get("autocommit"):
+        return Miss("a connection with autocommit=False", "Connect with `psycopg.connect(dsn, autocommit=True)`: "
+                    "without it the first statement opens a transaction that stays open, holding locks.",
+                    clause="1.no-idle-transaction")
+    if seen.get("status") != "IDLE":
+        return Miss(f"a connection whose transaction status is {seen.get('status')}", IDLE_HINT,
+                    clause="1.no-idle-transaction")
+    return None
+
+
+def check_open(ctx: StepContext) -> list[Case]:
+    srv = servers(ctx)
+    new, idle, kept, locked = (srv.database(ctx.step) for _ in range(4))
+    schema.create(kept.role_dsn)
+    with kept.judge() as judge:
+        for (sql,) in ROWS:
+            judge.execute(sql)
+        for _ in range(41):
+            judge.execute("SELECT nextval('fence_seq')")
+    kept_rows = {t: schema.rows(kept.judge(), t) for t in ("orders", "outbox", "inbox", "stock")}
+    with locked.judge() as judge:  # the role may not create anything: open_db must fail, and clean up
+        judge.execute("ALTER SCHEMA public OWNER TO judge")
+        judge.execute("REVOKE CREATE ON SCHEMA public FROM PUBLIC")
+
+    def new_schema(record: dict) -> Miss | None:
+        miss = is_connection(record)
+        if miss is not None:
+            return miss
+        with new.judge() as judge:
+            problems = schema.schema_problems(judge)
+        if problems:
+            return Miss("the schema differs: " + "; ".join(problems[:4]), "Create exactly the contract's tables.",
+                        clause="1.schema")
+        return None
+
+    def not_idle(record: dict) -> Miss | None:
+        if idle_killed(srv, idle):
+            return Miss("the server ended the connection open_db returned: it was idle in a transaction", IDLE_HINT)
+        return is_connection(record)
+
+    def keeps(record: dict) -> Miss | None:
+        miss = first_error(record)
+        if miss is not None:
+            return miss
+        for table, before in kept_rows.items():
+            with kept.judge() as judge:
+                after = schema.rows(judge, table)
+            if after != before:
+                return Miss(f"{table} had {len(before)} row(s) before open_db and {len(after)} after",
+                            "Create only what is missing (`IF NOT EXISTS`); never drop, truncate or insert.")
+        last = one(kept, "SELECT last_value FROM fence_seq")
+        if last != 41:
+            return Miss(f"fence_seq's last value went from 41 to {last}",
+                        "`CREATE SEQUENCE IF NOT EXISTS fence_seq`: a fence that restarts lets a stale publisher "
+                        "look current.")
+        return None
+
+    def cleaned_up(record: dict) -> Miss | None:
+        outcome = record["outcome"]
+        if outcome["kind"] != "raised" or "InsufficientPrivilege" not in outcome.get("mro", []):
+            return Miss(describe(outcome), "Let the error from CREATE TABLE propagate: do not catch it.")
+        if record["observed"].get("connections_open"):
+            return Miss("raised, but the connection it opened is still open",
+                        "On any failure after connecting, close the connection, then re-raise "
+                        "(`except BaseException: conn.close(); raise`).")
+        return None
+
+    plans = [
+        Plan("a new database", "open_db(dsn) on an empty database", "a psycopg.Connection in autocommit mode, "
+             "the contract's schema created", new_schema, clauses=("1.connection", "1.schema")),
+        Plan("the connection after open_db is not idle in a transaction", "open_db(dsn), then 0.5 s of nothing",
+             "no transaction open: the server does not end the connection", not_idle,
+             clauses=("1.no-idle-transaction",)),
+        Plan("an existing database with rows", "open_db(dsn) on a database with the schema, rows and fence_seq at 41",
+             "every row kept, fence_seq still at 41", keeps, clauses=("1.reopen-keeps",)),
+        Plan("the schema cannot be created", "open_db(dsn) where the role may not create tables",
+             "InsufficientPrivilege propagates and the connection is closed", cleaned_up, clauses=("1.init-failure",)),
+    ]
+    specs = [
+        {"name": plans[0].name, "dsn": new.dsn(ctx.workdir), "ops": [call("open_db", "$dsn", keep="db", inspect=True)]},
+        {"name": plans[1].name, "dsn": idle.dsn(ctx.workdir),
+         "ops": [{"sleep": 0.01}, call("open_db", "$dsn", keep="db", inspect=True), {"sleep": 0.5}]},
+        {"name": plans[2].name, "dsn": kept.dsn(ctx.workdir), "ops": [call("open_db", "$dsn", keep="db")]},
+        {"name": plans[3].name, "dsn": locked.dsn(ctx.workdir), "ops": [call("open_db", "$dsn", keep_error=True)]},
+    ]
+    # the race in its own children beside the batch: neither waits for the other's process starts
+    cases, raced = together([lambda: run(ctx, plans, specs), lambda: check_concurrent_open(ctx)])
+    return cases + raced
+
+
+def check_concurrent_open(ctx: StepContext) -> list[Case]:
+    srv = servers(ctx)
+    db = srv.database(ctx.step)
+    with db.judge() as judge:
+        for sql in SLOW_DDL:
+            judge.execute(sql)
+
+    def both_open(records: list[dict]) -> Miss | None:
+        failed = [r for r in records if r["outcome"]["kind"] != "returned"]
+        if failed:
+            return Miss("; ".join(outcomes(failed)), LOCK_HINT)
+        with db.judge() as judge:
+            problems = schema.schema_problems(judge)
+        if problems:
+            return Miss("the schema differs: " + "; ".join(problems[:3]), "Create exactly the contract's tables.")
+        return None
+
+    return race(ctx, db, "two processes open one new database at once", "open_db(dsn) in two processes at the "
+                "same moment", "both get a connection, the schema is created once", ("1.concurrent-open",), 2,
+                lambda i: [call("open_db", "$dsn", keep="db")], both_open)

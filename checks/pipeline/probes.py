@@ -1,0 +1,237 @@
+"""Lab `pipeline`, child side: drive the student's `pipeline` module and report what happened.
+
+Everything here runs inside a judged child with the student's module loaded. It calls, and for
+each case reports the calls' outcomes and what the hooks saw; the judge decides what is right
+from what it then reads itself through its own privileged connections (the database, the
+stream, the group's pending entries, the servers' logs). A child's report counts for return
+values and for what only the child can see (inside a hook, the state of its own connection).
+
+A case is a list of operations (data, from the judge): `call` a function of the module with
+arguments that may name `$conn` (a connection opened by the judge's rules, so a step does not
+depend on step 1), `$r` (a Valkey client with the step's credentials), `$dsn` or a value kept
+from an earlier call; `sleep`; `skew` the child's clock; wait at a `barrier` with the other
+children of a race. Hooks passed to the student's functions are built from specs (`_hook`).
+
+Imports: the standard library, psycopg and valkey, and labkit.probe / labkit.values.
+"""
+
+from __future__ import annotations
+
+import datetime as _datetime
+import gc
+import os
+import time
+from typing import Any
+
+from labkit import probe
+from labkit.values import decode
+
+_sleep, _time, _time_ns, _exit = time.sleep, time.time, time.time_ns, os._exit
+BARRIER = (31337, 4242)  # a two-int advisory key: another key space than open_db's one-int locks
+
+
+def _connect(dsn: str):
+    import psycopg
+
+    return psycopg.connect(dsn, autocommit=True, connect_timeout=10)
+
+
+def _valkey(kwargs: dict):
+    import valkey
+
+    return valkey.Valkey(**kwargs, socket_timeout=5)
+
+
+class Case:
+    """One case's resources in the child, closed when it ends."""
+
+    def __init__(self, spec: dict) -> None:
+        self.spec = spec
+        self.kept: dict[str, Any] = {}
+        self.hooks: list[dict] = []
+        self._conn = self._r = self._mine = None
+
+    @property
+    def conn(self):
+        if self._conn is None:
+            self._conn = _connect(self.spec["dsn"])
+        return self._conn
+
+    @property
+    def r(self):
+        if self._r is None:
+            self._r = _valkey(self.spec["valkey"])
+        return self._r
+
+    @property
+    def mine(self):
+        """The probe's own connection, for what a hook does or looks at (never the student's)."""
+        if self._mine is None:
+            self._mine = _connect(self.spec["dsn"])
+        return self._mine
+
+    def value(self, arg: Any) -> Any:
+        if isinstance(arg, str) and arg.startswith("$"):
+            name = arg[1:]
+            if name == "conn":
+                return self.conn
+            if name == "r":
+                return self.r
+            if name == "dsn":
+                return self.spec["dsn"]
+            return self.kept[name]
+        return decode(arg)
+
+    def close(self) -> None:
+        for thing in (self._conn, self._r, self._mine, *self.kept.values()):
+            try:
+                thing.close()
+            except Exception:
+                pass
+
+
+def _hook(case: Case, name: str, spec: dict):
+    def hook(arg):
+        seen: dict[str, Any] = {"hook": name, "arg": arg}
+        only = spec.get("only")
+        active = only is None or arg == only
+        if spec.get("look") == "row":  # after_add: the row as the judge's rules read it
+            seen["xlen"] = case.r.xlen(spec["stream"])
+            row = case.mine.execute("SELECT published_at IS NOT NULL, fence FROM outbox WHERE id = %s",
+                                    (arg,)).fetchone()
+            seen["published"], seen["fence"] = (row[0], row[1]) if row else (None, None)
+        if spec.get("look") == "pending":  # before_ack: is the entry still pending, dead-lettered?
+            seen["pending"] = bool(case.r.xpending_range(spec["stream"], spec["group"], min=arg, max=arg, count=1))
+            dead = case.r.xrange(spec["stream"] + ".dead") if case.r.exists(spec["stream"] + ".dead") else []
+            seen["dead_for"] = [fields.get("entry_id") for _id, fields in dead]
+        if spec.get("look") == "tx":  # before_commit: is the student's connection inside a transaction?
+            seen["in_transaction"] = str(case.conn.info.transaction_status.name)
+        case.hooks.append(seen)
+        if active and spec.get("do") == "steal":  # another publisher claims the row meanwhile
+            case.mine.execute("UPDATE outbox SET fence = nextval('fence_seq'), claimed_by = 'thief',"
+                              " claim_until = clock_timestamp() + interval '1 hour' WHERE id = %s", (arg,))
+        if active and spec.get("do") == "raise":
+            raise RuntimeError(f"the judge's {name} fails here")
+        if active and spec.get("do") == "exit":
+            _exit(spec["code"])
+        if active and spec.get("do") == "sleep":  # frozen inside the hook while the judge acts
+            _sleep(spec["seconds"])
+        if active and spec.get("do") == "hold":  # the judge freezes this process from outside, acts, thaws it
+            probe.emit({"event": "note", "kind": "hook", "hook": name})
+            probe.hold()
+
+    return hook
+
+
+def _skew(module, seconds: float) -> None:
+    """The child's clock runs `seconds` ahead: time.time, time.time_ns and datetime.datetime.now
+    (also where the student's module imported them by name)."""
+    base = _datetime.datetime
+
+    class Skewed(base):
+        @classmethod
+        def now(cls, tz=None):
+            return base.now(tz) + _datetime.timedelta(seconds=seconds)
+
+        @classmethod
+        def utcnow(cls):
+            return base.utcnow() + _datetime.timedelta(seconds=seconds)
+
+        @classmethod
+        def today(cls):
+            return cls.now()
+
+    time.time = lambda: _time() + seconds
+    time.time_ns = lambda: _time_ns() + int(seconds * 1e9)
+    _datetime.datetime = Skewed
+    for key, value in list(vars(module).items()):
+        if value is base:
+            setattr(module, key, Skewed)
+        elif value is _time:
+            setattr(module, key, time.time)
+
+
+def _barrier(case: Case) -> None:
+    """Wait until the judge lets every racer go at once (it holds the advisory lock)."""
+    with _connect(case.spec["dsn"]) as con:
+        con.execute("SELECT pg_advisory_lock_shared(%s, %s)", BARRIER)
+        con.execute("SELECT pg_advisory_unlock_shared(%s, %s)", BARRIER)
+
+
+def _open_connections() -> int:
+    import psycopg
+
+    return sum(1 for o in gc.get_objects() if isinstance(o, psycopg.Connection) and not o.closed)
+
+
+def script(mod, args: dict) -> None:
+    for spec in args["cases"]:
+        probe.started(spec["name"])
+        case = Case(spec)
+        outcomes, observed = [], {}
+        try:
+            for op in spec["ops"]:
+                if "sleep" in op:
+                    _sleep(op["sleep"])
+                elif "skew" in op:
+                    _skew(mod, op["skew"])
+                elif "barrier" in op:
+                    _barrier(case)
+                else:
+                    fn = probe.function(mod, op["call"])
+                    hooks = {k: _hook(case, k, v) for k, v in op.get("hooks", {}).items()}
+                    values = [case.value(a) for a in op.get("args", [])]
+                    observed["received"] = probe.received(values)
+                    started = time.monotonic()
+                    outcome, value = probe.call_keep(fn, *values, **hooks)
+                    outcome["seconds"] = round(time.monotonic() - started, 3)
+                    outcomes.append(outcome)
+                    if op.get("keep") and outcome["kind"] == "returned":
+                        case.kept[op["keep"]] = value
+                    if op.get("inspect"):
+                        observed.update(_inspect(value, outcome))
+                    if op.get("keep_error") is not None:
+                        observed["connections_open"] = _open_connections()
+                    if outcome["kind"] in ("missing", "not_implemented"):
+                        break
+            outcome = outcomes[-1] if outcomes else {"kind": "returned", "value": None}
+            probe.report(spec["name"], outcome, calls=outcomes, hooks=case.hooks, **observed)
+        finally:
+            case.close()
+
+
+def _inspect(value: Any, outcome: dict) -> dict:
+    """What open_db returned, as only the child can see it."""
+    if outcome["kind"] != "returned":
+        return {}
+    seen = {"type": f"{type(value).__module__}.{type(value).__qualname__}"}
+    try:
+        seen["autocommit"] = bool(value.autocommit)
+        seen["status"] = value.info.transaction_status.name
+        seen["closed"] = bool(value.closed)
+    except Exception as exc:
+        seen["inspect_error"] = repr(exc)[:200]
+    return seen
+
+
+def script_when_asked(mod, args: dict) -> None:
+    """A process started ahead (`child.child_session`): its interpreter is up and the student's
+    module imported before the judge needs it. Waits for ONE request on the private request pipe,
+    `{"id": n, "args": {"cases": [...]}}`, runs it as `script` does, replies, and ends: one
+    process, one actor, as if it had been started at that moment."""
+    import json
+
+    # Read byte by byte and leave the pipe open: a hook's `probe.hold()` reads the judge's "go"
+    # from it later (closed, its number would be reused by a socket the hold then read from).
+    fd, line = int(os.environ["LABKIT_REQUEST_FD"]), b""
+    while not line.endswith(b"\n"):
+        chunk = os.read(fd, 1)
+        if not chunk:
+            break
+        line += chunk
+    if not line:  # the judge did not need this one
+        return
+    request = json.loads(line)
+    script(mod, request["args"])
+    probe.emit({"event": "reply", "id": request["id"], "outcome": {"kind": "returned", "value": None},
+                "observed": {}})
