@@ -473,7 +473,7 @@ def main(argv: list[str] | None = None) -> int:
     test.add_argument("--module", type=Path, required=True)
     test.add_argument("--pristine", type=Path, required=True)
     test.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--lab", choices=["outbox", "vending", "relay"])
+    parser.add_argument("--lab", choices=[lab for lab in labs.available() if lab != "start-here"])
     parser.add_argument("--jobs", type=int, default=2, help="parallel workers, each with its own copy")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--steps", nargs="*", default=[], help="only mutants of these steps (own work folder)")

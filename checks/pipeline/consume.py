@@ -110,6 +110,12 @@ def check_consume(ctx: StepContext) -> list[Case]:
         if [h["arg"] for h in commits] != a.ids or any(h.get("in_transaction") != "INTRANS" for h in commits):
             return Miss(f"before_commit saw {[(h['arg'], h.get('in_transaction')) for h in commits]}",
                         "Call before_commit(entry id) inside the open transaction, once per entry.", clause="6.hooks")
+        writes = [h.get("writes") for h in commits]
+        if writes != [["apple", 2], ["pear", 3], ["apple", 6]]:
+            return Miss(f"before_commit saw in the transaction (inbox row's sku, its stock): {show(writes)}, "
+                        "not [['apple', 2], ['pear', 3], ['apple', 6]]",
+                        "Call before_commit after the inbox insert AND the stock update, just before the commit: "
+                        "what the transaction holds then is what a crash there loses.", clause="6.hooks")
         if [h["arg"] for h in acks] != a.ids or not all(h.get("pending") for h in acks):
             return Miss(f"before_ack saw {[(h['arg'], h.get('pending')) for h in acks]}",
                         "Call before_ack(entry id) after the commit and before its XACK.", clause="6.hooks")

@@ -52,6 +52,8 @@ CLAUSES = contract(
                                  "before: an XADD error propagates and leaves the row claimed, unpublished"),
     Clause("4.fence-checked", "published is saved only if the row still carries this fence; else StaleClaim "
                               "is counted as stale and the batch goes on"),
+    Clause("4.save-error", "only StaleClaim is counted as stale: any other error saving the row (a lost "
+                           "connection) propagates, and the row stays claimed"),
     Clause("4.no-maxlen", "XADD without MAXLEN or MINID: trimming drops entries no consumer has read"),
     Clause("4.counts", "returns {published, stale}; a published row has stream_id = the entry id and its "
                        "claim cleared"),
@@ -74,8 +76,8 @@ CLAUSES = contract(
     Clause("6.dead-letter", "a body that is not a valid event, or an id applied with another body, goes to "
                             "<stream>.dead with entry_id, fields (JSON) and reason, then is acknowledged"),
     Clause("6.dead-before-ack", "a poison entry is acknowledged only after it reached the dead-letter stream"),
-    Clause("6.hooks", "before_commit(entry id) runs inside the transaction; before_ack(entry id) before "
-                      "every XACK, dead letters included"),
+    Clause("6.hooks", "before_commit(entry id) runs inside the transaction, after its inbox row and stock "
+                      "change; before_ack(entry id) before every XACK, dead letters included"),
     Clause("6.no-noack", "entries are read into the PEL (never NOACK): an entry whose consumer dies before "
                          "XACK stays pending"),
     # --- step 7: reclaim ------------------------------------------------------------------

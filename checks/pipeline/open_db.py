@@ -54,7 +54,7 @@ def is_connection(record: dict) -> Miss | None:
 
 def check_open(ctx: StepContext) -> list[Case]:
     srv = servers(ctx)
-    new, idle, kept, locked = (srv.database(ctx.step) for _ in range(4))
+    new, idle, kept, locked, cut = (srv.database(ctx.step) for _ in range(5))
     schema.create(kept.role_dsn)
     with kept.judge() as judge:
         for (sql,) in ROWS:
@@ -109,6 +109,18 @@ def check_open(ctx: StepContext) -> list[Case]:
                         "(`except BaseException: conn.close(); raise`).")
         return None
 
+    def interrupted(record: dict) -> Miss | None:
+        outcome = record["outcome"]
+        if outcome["kind"] != "raised" or "KeyboardInterrupt" not in outcome.get("mro", []):
+            return Miss(describe(outcome), "Let the KeyboardInterrupt propagate: do not catch it.",
+                        clause="1.init-failure")
+        if record["observed"].get("connections_open"):
+            return Miss("a KeyboardInterrupt propagated, but the connection open_db opened is still open",
+                        "A Ctrl-C is no Exception: `except Exception` misses it. Close the connection in "
+                        "`except BaseException: conn.close(); raise` (or a finally that closes it on failure).",
+                        clause="1.init-failure")
+        return None
+
     plans = [
         Plan("a new database", "open_db(dsn) on an empty database", "a psycopg.Connection in autocommit mode, "
              "the contract's schema created", new_schema, clauses=("1.connection", "1.schema")),
@@ -119,6 +131,9 @@ def check_open(ctx: StepContext) -> list[Case]:
              "every row kept, fence_seq still at 41", keeps, clauses=("1.reopen-keeps",)),
         Plan("the schema cannot be created", "open_db(dsn) where the role may not create tables",
              "InsufficientPrivilege propagates and the connection is closed", cleaned_up, clauses=("1.init-failure",)),
+        Plan("a KeyboardInterrupt while the schema is created", "open_db(dsn) where a KeyboardInterrupt is raised "
+             "at its second statement", "the KeyboardInterrupt propagates and the connection is closed", interrupted,
+             clauses=("1.init-failure",)),
     ]
     specs = [
         {"name": plans[0].name, "dsn": new.dsn(ctx.workdir), "ops": [call("open_db", "$dsn", keep="db", inspect=True)]},
@@ -126,6 +141,8 @@ def check_open(ctx: StepContext) -> list[Case]:
          "ops": [{"sleep": 0.01}, call("open_db", "$dsn", keep="db", inspect=True), {"sleep": 0.5}]},
         {"name": plans[2].name, "dsn": kept.dsn(ctx.workdir), "ops": [call("open_db", "$dsn", keep="db")]},
         {"name": plans[3].name, "dsn": locked.dsn(ctx.workdir), "ops": [call("open_db", "$dsn", keep_error=True)]},
+        {"name": plans[4].name, "dsn": cut.dsn(ctx.workdir),
+         "ops": [call("open_db", "$dsn", keep_error=True, interrupt_at=2)]},
     ]
     # the race in its own children beside the batch: neither waits for the other's process starts
     cases, raced = together([lambda: run(ctx, plans, specs), lambda: check_concurrent_open(ctx)])

@@ -106,10 +106,13 @@ def _hook(case: Case, name: str, spec: dict):
             seen["dead_for"] = [fields.get("entry_id") for _id, fields in dead]
         if spec.get("look") == "tx":  # before_commit: is the student's connection inside a transaction?
             seen["in_transaction"] = str(case.conn.info.transaction_status.name)
+            seen["writes"] = _writes_in_transaction(case.conn, arg)
         case.hooks.append(seen)
         if active and spec.get("do") == "steal":  # another publisher claims the row meanwhile
             case.mine.execute("UPDATE outbox SET fence = nextval('fence_seq'), claimed_by = 'thief',"
                               " claim_until = clock_timestamp() + interval '1 hour' WHERE id = %s", (arg,))
+        if active and spec.get("do") == "cut":  # the server ends the student's connection (waits until it has)
+            case.mine.execute("SELECT pg_terminate_backend(%s, 5000)", (case.conn.info.backend_pid,))
         if active and spec.get("do") == "raise":
             raise RuntimeError(f"the judge's {name} fails here")
         if active and spec.get("do") == "exit":
@@ -121,6 +124,21 @@ def _hook(case: Case, name: str, spec: dict):
             probe.hold()
 
     return hook
+
+
+def _writes_in_transaction(conn, entry_id: str):
+    """What the student's own transaction holds at before_commit, read through its connection:
+    this entry's inbox row and its sku's stock, [sku, qty] (None: no inbox row for the entry).
+    In a savepoint, so a failing read cannot spoil the student's transaction."""
+    try:
+        with conn.transaction():
+            row = conn.execute("SELECT body::jsonb->>'sku' FROM inbox WHERE stream_id = %s", (entry_id,)).fetchone()
+            if row is None:
+                return None
+            qty = conn.execute("SELECT qty FROM stock WHERE sku = %s", (row[0],)).fetchone()
+            return [row[0], qty[0] if qty else 0]
+    except Exception as exc:
+        return f"unreadable: {type(exc).__name__}"
 
 
 def _skew(module, seconds: float) -> None:
@@ -158,6 +176,33 @@ def _barrier(case: Case) -> None:
         con.execute("SELECT pg_advisory_unlock_shared(%s, %s)", BARRIER)
 
 
+def _call(fn, values: list, hooks: dict, interrupt_at: int | None) -> tuple[dict, Any]:
+    """The student's call, described; with `interrupt_at` k, the k-th statement any psycopg cursor
+    (or connection) executes during it raises KeyboardInterrupt instead of running (Ctrl-C landing
+    there), and that KeyboardInterrupt coming out is described like any raised error."""
+    if not interrupt_at:
+        return probe.call_keep(fn, *values, **hooks)
+    import psycopg
+
+    real, seen, fault = psycopg.Cursor.execute, [0], KeyboardInterrupt()
+
+    def execute(self, *args, **kwargs):
+        seen[0] += 1
+        if seen[0] == interrupt_at:
+            raise fault
+        return real(self, *args, **kwargs)
+
+    psycopg.Cursor.execute = execute
+    try:
+        return probe.call_keep(fn, *values, **hooks)
+    except KeyboardInterrupt as exc:
+        if exc is not fault:
+            raise
+        return probe.describe_exception(exc), exc
+    finally:
+        psycopg.Cursor.execute = real
+
+
 def _open_connections() -> int:
     import psycopg
 
@@ -183,7 +228,7 @@ def script(mod, args: dict) -> None:
                     values = [case.value(a) for a in op.get("args", [])]
                     observed["received"] = probe.received(values)
                     started = time.monotonic()
-                    outcome, value = probe.call_keep(fn, *values, **hooks)
+                    outcome, value = _call(fn, values, hooks, op.get("interrupt_at"))
                     outcome["seconds"] = round(time.monotonic() - started, 3)
                     outcomes.append(outcome)
                     if op.get("keep") and outcome["kind"] == "returned":

@@ -20,6 +20,10 @@ MAXLEN_HINT = ("XADD without MAXLEN or MINID: trimming drops the oldest entries,
                "them yet.")
 
 
+SAVE_ERROR_HINT = ("Only StaleClaim means the row has another owner: catch that alone. Any other error saving the "
+                   "row (a lost connection) propagates, and the row stays claimed until its lease expires.")
+
+
 def stream_entries(srv, key: str) -> list:
     with srv.judge_valkey() as judge:
         return judge.xrange(key) if judge.exists(key) else []
@@ -126,4 +130,27 @@ def check_publish(ctx: StepContext) -> list[Case]:
     specs.append({"name": plans[-1].name, "dsn": db3.dsn(ctx.workdir), "valkey": user3.kwargs, "ops": [
         call("publish", "$conn", "$r", "pub-3", 16, 30, key3,
              hooks={"after_add": {"do": "steal", "only": "ord-1"}})]})
+
+    # The server ends the publisher's connection between its XADD and the save: not a StaleClaim.
+    db4, user4 = srv.database(ctx.step), srv.user(ctx.step)
+    fill(db4, 2)
+    key4 = user4.prefix + "orders"
+
+    def lost(record: dict) -> Miss | None:
+        outcome = record["outcome"]
+        rows = query(db4, "SELECT id, claimed_by, published_at IS NOT NULL FROM outbox ORDER BY seq")
+        if outcome["kind"] == "returned":
+            return Miss(f"returned {show(returned(record))} although its connection was gone",
+                        SAVE_ERROR_HINT, clause="4.save-error")
+        if outcome["kind"] != "raised" or any(done for *_r, done in rows) or rows[0][1] != "pub-4":
+            return Miss(f"{describe(outcome)}; rows {show(rows)}", SAVE_ERROR_HINT, clause="4.save-error")
+        return None
+
+    plans.append(Plan("the connection is lost after the XADD", "publish(conn, r, 'pub-4', 16, 30, stream, "
+                      "after_add=…) where the server ends conn inside after_add('ord-1')",
+                      "the error propagates (it is no StaleClaim); nothing saved; ord-1 stays claimed", lost,
+                      clauses=("4.save-error",)))
+    specs.append({"name": plans[-1].name, "dsn": db4.dsn(ctx.workdir), "valkey": user4.kwargs, "ops": [
+        call("publish", "$conn", "$r", "pub-4", 16, 30, key4,
+             hooks={"after_add": {"do": "cut", "only": "ord-1"}})]})
     return run(ctx, plans, specs)
