@@ -127,6 +127,7 @@ class Scene:
         self.user = own.user("final")
         self.key = self.user.prefix + "orders"
         self.accepted: list[dict] = []
+        self.last_run: ChildRun | None = None  # the last process's run, for notes of what it did
         self.t0 = time.time()
 
     # --- the judge's looks -------------------------------------------------------------------
@@ -158,14 +159,16 @@ class Scene:
 
     # --- a process -----------------------------------------------------------------------------
     def process(self, actor: str, ops: list[dict], exit_code: int | None = 0, timeout: float | None = None,
-                on_note=None) -> dict:
+                on_note=None, hook_exit: int | None = None) -> dict:
         """Run `ops` (after open_db) in a new child; its record, checked against the exit code
         the scenario expects (None: any; a hook's os._exit code, or 0 for a normal end).
-        `on_note(record, session)`: what the judge does when a hook of it reports and holds."""
+        `on_note(record, session)`: what the judge does when a hook of it reports and holds.
+        `hook_exit`: with exit_code None, the code that shows a death in its hook (on the timeline
+        and among the faults) when the process ends with it."""
         spec = {"name": actor, "dsn": self.db.dsn(self.ctx.workdir), "valkey": self.user.kwargs,
                 "ops": [call("open_db", "$dsn", keep="db"), *ops]}
-        run = self.warm.run({"cases": [spec]}, timeout or self.ctx.timeout, on_note)
-        self.note(actor, "started", "process started", run.started_at)
+        run = self.last_run = self.warm.run({"cases": [spec]}, timeout or self.ctx.timeout, on_note)
+        self.note(actor, "start", "process started", run.started_at)
         record = run.cases().get(actor)
         if run.import_error is not None or not run.imported:
             got, hint, _trace = expect.import_problem(run, self.ctx.timeout)
@@ -177,11 +180,11 @@ class Scene:
             self.note(actor, "killed", "did not finish in time: killed by the judge", run.ended_at)
             raise Fail(f"{actor} did not finish in time", "Look for a wait without a timeout.", Outcome.TIMED_OUT)
         code = run.exit_code
-        if exit_code not in (None, 0) and code == exit_code:
+        if code is not None and code != 0 and code in (exit_code, hook_exit):
             self.note(actor, "killed", f"died in its hook (os._exit({code}))", run.ended_at)
             self.fault(f"{actor} died in its hook with exit code {code}")
         else:
-            self.note(actor, "exited", f"exit code {code}", run.ended_at)
+            self.note(actor, "exit", f"exit code {code}", run.ended_at)
         if exit_code is not None and code != exit_code:
             said = ""
             if record is not None:
@@ -262,6 +265,8 @@ class Scene:
             raise Fail(f"consumer B: reclaim returned {show(reclaimed)}, consume {show(consumed)}",
                        "B takes A's idle entry over; its consume finds snack-1 applied (a duplicate, twice: A's "
                        "entry and publisher #2's) and applies the five others.")
+        self.note("consumer B", "duplicate", "consume found snack-1 applied already: 2 entries acknowledged "
+                  "without effect (A's, and publisher #2's copy)", self.last_run.ended_at - 0.001)
         self.check_stock("after consumer B")
         if self.pel():
             raise Fail(f"entries still pending after B: {self.pel()}", "XACK every entry B processed.")
@@ -424,7 +429,8 @@ class Scene:
             record = self.process(f"consumer K{k}", [
                 call("reclaim", "$r", self.key, GROUP, f"consumer-K{k}", 0, MAX_DELIVERIES),
                 call("consume", "$db", "$r", self.key, GROUP, f"consumer-K{k}", 1, 0,
-                     hooks={"before_ack": {"do": "exit", "code": 78, "only": deadly_id}})], exit_code=None)
+                     hooks={"before_ack": {"do": "exit", "code": 78, "only": deadly_id}})], exit_code=None,
+                hook_exit=78)
             if record and record.get("outcome", {}).get("kind") == "returned":
                 if not self.pel() and len(self.dead()) >= 2:
                     break

@@ -51,8 +51,8 @@ class Row:
 
 
 def _role(actor: str) -> str:
-    """"publisher #2" and "publisher #1" share the role "publisher"."""
-    return re.sub(r"\s*#\d+\s*$", "", actor)
+    """"publisher #2", "publisher #1" and "publisher #3b" share the role "publisher"."""
+    return re.sub(r"\s*#\d+[a-z]?\s*$", "", actor)
 
 
 def lanes(timeline: list[dict]) -> list[str]:
@@ -65,7 +65,7 @@ def lanes(timeline: list[dict]) -> list[str]:
         first_role.setdefault(_role(actor), index)
 
     def key(actor: str) -> tuple[int, int, str]:
-        number = re.search(r"#(\d+)\s*$", actor)
+        number = re.search(r"#(\d+)[a-z]?\s*$", actor)
         return first_role[_role(actor)], int(number.group(1)) if number else -1, actor
 
     return sorted(first_actor, key=key)
