@@ -82,11 +82,12 @@ def show_next(message: str) -> None:
 
 
 def code_html(title: str, code: str) -> str:
-    """A block of Python under a heading, readable with or without a kernel."""
+    """A block of Python under a heading, readable with or without a kernel. Its lines scroll
+    sideways rather than wrap: a wrapped line of code reads as two."""
     from html import escape
 
     return (f'<div class="lk-step"><div class="lk-head">{escape(title)}</div>'
-            f'<pre class="lk-trace" style="margin-left:0">{escape(code)}</pre></div>')
+            f'<pre class="lk-trace" style="margin-left:0;white-space:pre;overflow-x:auto">{escape(code)}</pre></div>')
 
 
 def show_ladder(ladder: list[dict], seed: int | None = None) -> None:
