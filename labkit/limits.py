@@ -26,6 +26,9 @@ CHILD_OUTPUT_BYTES = 64 * 1024
 MAX_RECORD_DEPTH = 64  # a report nested deeper than this is refused before json.loads sees it
 # How long a killed process group may take to disappear before we stop waiting.
 KILL_GRACE = 2.0
+# A child's wait may grow by the time its processes spent waiting for a CPU (a busy machine's
+# time, not the code's), to at most this many times its budget (`processes.Budget`).
+WALL_FACTOR = 4
 # The exit code the kill hooks use: "the process really died at this point".
 KILL_EXIT_CODE = 73
 # Environment variable that marks every process started for one judge run.

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from labkit.judge.processes import Budget
 from labkit.limits import CALL_TIMEOUT, CHILD_OUTPUT_BYTES, KILL_GRACE, MAX_RECORD_DEPTH, RUN_MARKER
 from labkit.sandbox import reaper
 from labkit.sandbox.profiles import child_box
@@ -269,9 +270,10 @@ def _run_child_once(module: Path, probe: str, args: dict, *, workdir: Path, time
                 os.close(write_fd)
             try:
                 _send_request(proc, request)
-                data = _collect(read_fd, proc, started + timeout)
+                budget = Budget(proc.pid, timeout, started)
+                data = _collect(read_fd, proc, budget)
                 try:  # EOF on the pipe comes a moment before the exit status is ready
-                    proc.wait(timeout=max(0.0, started + timeout - time.monotonic()))
+                    proc.wait(timeout=max(0.0, budget.deadline() - time.monotonic()))
                 except subprocess.TimeoutExpired:
                     pass
                 run.timed_out = proc.poll() is None
@@ -288,18 +290,22 @@ def _run_child_once(module: Path, probe: str, args: dict, *, workdir: Path, time
     return run
 
 
-def _collect(fd: int, proc: subprocess.Popen, deadline: float) -> bytes:
-    """Read the result pipe until the child exits (or the deadline passes).
+def _collect(fd: int, proc: subprocess.Popen, budget: Budget) -> bytes:
+    """Read the result pipe until the child exits (or its budget is spent).
 
     Stops at the child's exit, not at EOF: an escaped grandchild may hold the pipe open.
     """
     chunks: list[bytes] = []
     size = 0
+    deadline = budget.first
     os.set_blocking(fd, False)
     with selectors.DefaultSelector() as sel:
         sel.register(fd, selectors.EVENT_READ)
         while True:
             remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                deadline = budget.deadline()  # the time a busy machine took from the child is added
+                remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
             exited = proc.poll() is not None
@@ -415,17 +421,17 @@ class ChildSession:
         if self.ended is not None:
             return {"outcome": self.ended, "observed": {}}
         self.calls += 1
-        deadline = time.monotonic() + timeout
+        budget = Budget(self.proc.pid, timeout)
         line = json.dumps({**request, "id": self.calls}, separators=(",", ":")).encode() + b"\n"
-        if self._write(line, deadline):
+        if self._write(line, budget.first):
             while True:
                 found = self._wait_for(lambda r: (r.get("event") == "reply" and r.get("id") == self.calls)
-                                       or (on_note is not None and r.get("event") == "note"), deadline)
+                                       or (on_note is not None and r.get("event") == "note"), budget)
                 if found is None or found["event"] == "reply":
                     break
                 self.run.records.append(found)
                 on_note(found, self)
-                deadline = time.monotonic() + timeout
+                budget = Budget(self.proc.pid, timeout)
             if found is not None:
                 return found
         return {"outcome": self._end(timeout), "observed": {}}
@@ -433,7 +439,7 @@ class ChildSession:
     def wait_imported(self, timeout: float) -> bool:
         """Wait (bounded) until the module is imported; if it is not, end the child."""
         found = self._wait_for(lambda r: r.get("event") in ("imported", "import_failed"),
-                               time.monotonic() + timeout)
+                               Budget(self.proc.pid, timeout))
         if found is not None:
             self.run.records.append(found)
         if found is None or found["event"] != "imported":
@@ -479,8 +485,11 @@ class ChildSession:
                     return False
         return True
 
-    def _wait_for(self, wanted: Callable[[dict], bool], deadline: float) -> dict | None:
-        """Read records until one is `wanted` (returned, not kept), the child exits or the deadline passes."""
+    def _wait_for(self, wanted: Callable[[dict], bool], deadline: float | Budget) -> dict | None:
+        """Read records until one is `wanted` (returned, not kept), the child exits or the deadline
+        passes (a Budget's: extended by the time a busy machine took from the child)."""
+        budget = deadline if isinstance(deadline, Budget) else None
+        deadline = budget.first if budget is not None else deadline
         with selectors.DefaultSelector() as sel:
             sel.register(self._result_fd, selectors.EVENT_READ)
             while True:
@@ -493,6 +502,9 @@ class ChildSession:
                         return record
                     self.run.records.append(record)
                 remaining = deadline - time.monotonic()
+                if remaining <= 0 and budget is not None:
+                    deadline = budget.deadline()
+                    remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return None
                 exited = self.proc.poll() is not None

@@ -7,9 +7,13 @@ cases (never the child's report). psutil for each process; /proc for the tree (s
 from __future__ import annotations
 
 import os
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
+
+from labkit.limits import WALL_FACTOR
 
 
 def cpu_seconds(pid: int) -> float:
@@ -22,6 +26,48 @@ def cpu_seconds(pid: int) -> float:
             continue
         total += used.user + used.system
     return total
+
+
+def waited_for_cpu(pid: int) -> float:
+    """Seconds the threads of `pid` and of what it started have spent runnable but waiting for a
+    CPU (/proc/*/task/*/schedstat, second field): the machine's business, not the code's."""
+    total = 0
+    for proc in process_tree(pid):
+        try:
+            tasks = os.listdir(f"/proc/{proc.pid}/task")
+        except OSError:
+            continue
+        for tid in tasks:
+            try:
+                total += int(Path(f"/proc/{proc.pid}/task/{tid}/schedstat").read_text().split()[1])
+            except (OSError, ValueError, IndexError):  # that thread has just ended
+                continue
+    return total / 1e9
+
+
+@dataclass
+class Budget:
+    """`seconds` of a child's time from `started`: by the clock, plus what its processes waited
+    for a CPU meanwhile, at most `WALL_FACTOR` times `seconds` in all. A hanging child (asleep,
+    not waiting for a CPU) gets exactly `seconds`; a child slowed by a busy machine gets the
+    time the machine took from it, so its verdict does not follow the load."""
+
+    pid: int
+    seconds: float
+    started: float = field(default_factory=time.monotonic)
+    base: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.base = waited_for_cpu(self.pid)
+
+    @property
+    def first(self) -> float:
+        """The deadline if the machine took nothing from the child (read without a look at /proc)."""
+        return self.started + self.seconds
+
+    def deadline(self) -> float:
+        waited = max(0.0, waited_for_cpu(self.pid) - self.base)
+        return self.started + min(self.seconds + waited, WALL_FACTOR * self.seconds)
 
 
 def process_tree(pid: int) -> list[psutil.Process]:

@@ -15,8 +15,9 @@ from labkit.judge.expect import Miss, Plan
 from labkit.judge.processes import cpu_seconds
 from labkit.judge.run import StepContext
 from labkit.judge.verdict import Case
-
-WALL_FACTOR = 4  # a served step's calls may wait this many step budgets in all, whatever the load
+from labkit.limits import (
+    WALL_FACTOR,  # a served step's calls may wait this many step budgets in all
+)
 
 
 def served(ctx: StepContext, kind: str, plans: list[Plan], specs: list[dict],

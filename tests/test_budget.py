@@ -1,0 +1,58 @@
+"""A child's time budget follows the child, not the machine (`labkit.judge.processes.Budget`):
+the time its processes spend runnable but waiting for a CPU is added to its deadline, up to
+WALL_FACTOR budgets; a child that sleeps (a hang) gets its plain budget."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from labkit.judge.processes import Budget, waited_for_cpu
+from labkit.limits import WALL_FACTOR
+
+SPIN = "import time\nwhile True:\n    sum(i * i for i in range(10_000))\n"
+
+
+def _spawn(code: str, cpu: int | None = None) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-c", code])
+    if cpu is not None:
+        os.sched_setaffinity(proc.pid, {cpu})
+    return proc
+
+
+@pytest.fixture
+def procs():
+    started: list[subprocess.Popen] = []
+    yield started
+    for proc in started:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+def test_a_sleeping_child_gets_its_plain_budget(procs):
+    procs.append(_spawn("import time\ntime.sleep(60)\n"))
+    budget = Budget(procs[0].pid, 0.5)
+    time.sleep(1.0)
+    assert budget.deadline() - budget.started < 0.5 + 0.2  # startup's own wait at most
+
+
+def test_a_child_crowded_off_its_cpu_gets_the_time_it_waited_up_to_the_cap(procs):
+    cpu = min(os.sched_getaffinity(0))
+    procs.append(_spawn(SPIN, cpu))
+    budget = Budget(procs[0].pid, 0.2)
+    procs.extend(_spawn(SPIN, cpu) for _ in range(3))  # three rivals on the same CPU
+    time.sleep(1.5)
+    waited = waited_for_cpu(procs[0].pid) - budget.base
+    assert waited > 0.3, "three rivals on one CPU left the child running most of the time"
+    assert budget.deadline() == pytest.approx(budget.started + WALL_FACTOR * 0.2)
+
+
+def test_a_process_that_is_gone_adds_nothing():
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait(timeout=30)
+    budget = Budget(proc.pid, 1.0)
+    assert budget.deadline() == budget.first
