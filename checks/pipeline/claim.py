@@ -25,7 +25,7 @@ from labkit.judge.verdict import Case
 from labkit.values import show
 
 SKIP_HINT = ("Your claim waited for a row another transaction had locked (the judge held it; the server's "
-             "lock_timeout, 2 s here, ended the wait). Lock with `FOR UPDATE SKIP LOCKED`: a publisher passes over "
+             "lock_timeout, 5 s here, ended the wait). Lock with `FOR UPDATE SKIP LOCKED`: a publisher passes over "
              "rows another one is claiming right now.")
 FOR_UPDATE_HINT = ("Two publishers claiming at once got the same row: a plain SELECT, then an UPDATE, lets both "
                    "read it before either wrote. Select with `FOR UPDATE SKIP LOCKED` in the same transaction as "

@@ -14,8 +14,8 @@ LOCK_HINT = ("Two processes ran `CREATE TABLE IF NOT EXISTS` at the same moment 
              "schema in one `with conn.transaction():` that first takes `SELECT pg_advisory_xact_lock(<a fixed "
              "number>)`, so the second process waits and then finds everything there.")
 IDLE_HINT = ("Your connection sat idle inside an open transaction after open_db returned, holding its locks "
-             "(the server ended it after 300 ms). Connect with `autocommit=True` and run every write inside "
-             "`with conn.transaction():`.")
+             "until it commits (the server ends such a connection after 5 s). Connect with `autocommit=True` and "
+             "run every write inside `with conn.transaction():`.")
 
 # The judge slows each session's first CREATE TABLE by 0.2 s (an event trigger), so two racers'
 # schema creations overlap for sure instead of by luck.
@@ -78,8 +78,9 @@ def check_open(ctx: StepContext) -> list[Case]:
         return None
 
     def not_idle(record: dict) -> Miss | None:
-        if idle_killed(srv, idle):
-            return Miss("the server ended the connection open_db returned: it was idle in a transaction", IDLE_HINT)
+        status = record["observed"].get("status")
+        if idle_killed(srv, idle) or status in ("INTRANS", "INERROR"):
+            return Miss(f"the connection open_db returned was idle in a transaction (status {status})", IDLE_HINT)
         return is_connection(record)
 
     def keeps(record: dict) -> Miss | None:
