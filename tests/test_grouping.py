@@ -163,9 +163,9 @@ SIBLING_FIRST = {
 }
 
 
-# Measured over the whole catalogue (seed 1, the promised step): 309 of 337 files meet every
-# rule below; these 28 do not yet (more than K rows, a first row about a neighbouring clause, or
-# one "does not call for" hint on an expected error). Each is a strict xfail: when the grouping
+# Measured over the whole catalogue (seed 1, the promised step): 309 of 337 files of labs 01-03
+# meet every rule below; these 28 do not yet, nor 4 of lab 04's 58 (more than K rows, a first row
+# about a neighbouring clause, or one "does not call for" hint on an expected error). Each is a strict xfail: when the grouping
 # gets one right, its test fails until it is taken off this list.
 KNOWN_MISSES = {
     "outbox:ack_subscripted",
@@ -178,6 +178,13 @@ KNOWN_MISSES = {
     "outbox:send_error_wrapped",
     "outbox:url_parts_only",
     "outbox:wrong_id_ack",
+    # lab 04, measured when it joined the course: each fails several of its step's cases in
+    # ways the grouping does not yet fold (a wrong body is also a wrong comparison; an ACK before
+    # the commit fails the hook, dead-letter and failure cases; a save before XADD fails all four).
+    "pipeline:accept_body_not_canonical",
+    "pipeline:claim_without_for_update",
+    "pipeline:consume_acks_before_commit",
+    "pipeline:publish_saves_before_xadd",
     "relay:claim_never_commits",
     "relay:claim_orders_by_id",
     "relay:claim_steals_live_leases",
