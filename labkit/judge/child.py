@@ -245,6 +245,12 @@ def run_child(
     return run
 
 
+# After its result pipe ended, how long a child may take to have an exit status: a sandbox's
+# init reaps and exits after the child, and on a loaded machine that took over 0.2 s (the final
+# check of lab 04 read a process that died in its hook as one that "did not finish in time").
+EXIT_AFTER_EOF = 5.0
+
+
 def last_line(text: str) -> str:
     """The last non-blank line of a child's stderr, capped: what a verdict quotes of it."""
     lines = [line for line in text.splitlines() if line.strip()]
@@ -401,6 +407,7 @@ class ChildSession:
         self._request_fd = request_fd
         self._io_dir = io_dir
         self._buffer = b""
+        self._eof = False  # the result pipe has ended: the child is gone, or closed it
         self._pending: list[dict] = []  # parsed, not yet looked at (see `_wait_for`)
         self._started = time.monotonic()
         self._closed = False
@@ -518,6 +525,7 @@ class ChildSession:
                 except BlockingIOError:
                     continue
                 if not chunk:  # EOF: the child is gone (or closed its pipe); its exit status follows
+                    self._eof = True
                     return None
                 if len(self._buffer) < MAX_RESULT_BYTES:
                     self._buffer += chunk
@@ -530,8 +538,8 @@ class ChildSession:
         """The child did not answer: say how it ended (killing it if it still runs)."""
         if self.ended is not None:
             return self.ended
-        try:  # EOF comes a moment before the exit status is ready
-            self.proc.wait(timeout=0.2)
+        try:  # EOF comes a moment before the exit status is ready: longer in a box on a busy machine
+            self.proc.wait(timeout=EXIT_AFTER_EOF if self._eof else 0.2)
         except subprocess.TimeoutExpired:
             pass
         if self.proc.poll() is None:
