@@ -36,10 +36,11 @@ def temp_base():
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def leftovers(folder: Path) -> dict:
-    """Everything of a server in `folder` that must be gone after it stopped."""
-    return {"processes": processes_in(folder), "folder exists": folder.exists(),
-            "sockets": sorted(str(p) for p in folder.rglob("*") if p.is_socket()) if folder.exists() else []}
+def leftovers(*folders: Path) -> dict:
+    """Everything of a server in its `folders` (PostgreSQL's data may have one of its own) that
+    must be gone after it stopped."""
+    return {"processes": processes_in(*folders), "folder exists": any(f.exists() for f in folders),
+            "sockets": sorted(str(p) for f in folders if f.exists() for p in f.rglob("*") if p.is_socket())}
 
 
 NOTHING = {"processes": [], "folder exists": False, "sockets": []}

@@ -10,6 +10,8 @@ told. The checks start one real PostgreSQL and one real Valkey per judge run.
 
 from __future__ import annotations
 
+import os
+
 from pathlib import Path
 
 import pytest
@@ -127,13 +129,14 @@ def test_nothing_of_the_servers_is_left(lab, judge_tmp):
     (In a temp dir of this test's own: other tests run servers beside it.)"""
     import psutil
 
-    private, _created = judge_tmp
+    private, created = judge_tmp
 
-    def ours() -> list:
+    def ours() -> list:  # PostgreSQL's data, and its processes' cwd, may be in a /dev/shm folder it made
+        places = [str(private), *created]
         found = []
         for proc in psutil.process_iter(["cmdline", "cwd"]):
             try:
-                if (proc.info["cwd"] or "").startswith(str(private)):
+                if any((proc.info["cwd"] or "").startswith(place) for place in places):
                     found.append(proc.info)
             except psutil.Error:
                 pass
@@ -145,6 +148,8 @@ def test_nothing_of_the_servers_is_left(lab, judge_tmp):
     assert not run_lab(lab, broken, steps=["6"], seed=SEED).passed
     assert ours() == []
     assert list(private.iterdir()) == []
+    assert any(not path.startswith(str(private)) for path in created), "no data folder outside TMPDIR was made"
+    assert [path for path in created if os.path.exists(path)] == []
 
 
 def test_final_check_shows_the_processes_the_servers_their_kills_and_the_ladder(lab):

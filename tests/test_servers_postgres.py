@@ -14,9 +14,10 @@ from pathlib import Path
 import psycopg
 import pytest
 from psycopg import errors
+from psycopg.conninfo import make_conninfo
 from server_folders import NOTHING, in_ci, leftovers, run_as_uid, temp_base
 
-from labkit.servers import postgres
+from labkit.servers import cluster_cache, postgres
 from labkit.servers.processes import ServerMissing, processes_in
 
 
@@ -83,16 +84,55 @@ def test_start_serves_only_a_unix_socket_and_stop_leaves_nothing(base):
         began = time.perf_counter()
         postgres.stop(server)
         stopped = time.perf_counter() - began
-    assert leftovers(server.folder) == NOTHING
+    assert leftovers(*server.places) == NOTHING
     assert key not in [line.split()[0] for line in Path("/proc/sysvipc/shm").read_text().splitlines()[1:]]
     assert started < 15 and stopped < 5, (started, stopped)  # ~0.6 s and ~0.05 s when idle
 
 
 def test_a_start_that_fails_removes_what_it_made(base, monkeypatch):
+    homes = []
+    real_home = postgres._fast_data_home
+    monkeypatch.setattr(postgres, "_fast_data_home", lambda *a: homes.append(real_home(*a)) or homes[-1])
     monkeypatch.setitem(postgres.SETTINGS, "shared_buffers", "'not a size'")
     with pytest.raises(postgres.ServerFailed, match="shared_buffers"):
         postgres.start(base / "pg")
-    assert leftovers(base / "pg") == NOTHING
+    assert leftovers(base / "pg", *filter(None, homes)) == NOTHING
+
+
+def test_the_data_goes_to_tmpfs_when_the_folder_is_not_and_its_processes_are_found_there(base):
+    if postgres._filesystem_type(base) == "tmpfs" or postgres._filesystem_type(postgres.FAST_PLACE) != "tmpfs":
+        if in_ci():
+            pytest.fail("CI's /tmp is not tmpfs and its /dev/shm is: the data folder must move there")
+        pytest.skip("needs /tmp off tmpfs and /dev/shm on it")
+    with postgres.running(base / "pg") as server:
+        assert server.data_home is not None and server.data_home.parent == postgres.FAST_PLACE
+        assert server.pid in processes_in(*server.places) and server.pid not in processes_in(server.folder)
+        assert (server.socket_dir / ".s.PGSQL.5432").is_socket()  # the socket stays in the folder
+    assert leftovers(*server.places) == NOTHING
+
+
+def test_a_kept_cluster_is_copied_with_a_new_superuser_password(base, monkeypatch):
+    """The second start copies what the first one's initdb made (no initdb), and only this
+    server's password opens it; a kept cluster that is not marked complete is never used."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(base / "cache"))
+    initdbs = []
+    real_initdb = postgres._initdb
+    monkeypatch.setattr(postgres, "_initdb", lambda server: initdbs.append(1) or real_initdb(server))
+    first = postgres.start(base / "pg1")
+    postgres.stop(first)
+    kept = list((base / "cache" / "labkit" / "postgres").iterdir())
+    assert len(initdbs) == 1 and len(kept) == 1 and (kept[0] / "data" / "PG_VERSION").is_file()
+    with postgres.running(base / "pg2") as second:
+        assert len(initdbs) == 1
+        with connect(second.judge_dsn()) as judge:
+            assert judge.execute("SELECT current_user").fetchone() == ("judge",)
+        with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
+            connect(make_conninfo(second.judge_dsn(), password=first.password))
+    (kept[0] / cluster_cache.READY).unlink()
+    with postgres.running(base / "pg3"):
+        assert len(initdbs) == 2
+    with postgres.running(base / "pg4"):  # pg3 kept its cluster again, complete
+        assert len(initdbs) == 2
 
 
 # --- least privilege --------------------------------------------------------------------------
@@ -337,13 +377,13 @@ def test_an_exception_in_the_block_leaves_nothing(base):
     with pytest.raises(ZeroDivisionError), postgres.running(base / "pg") as server:
         postgres.fresh_database(server, "boom")
         1 / 0  # noqa: B018
-    assert leftovers(server.folder) == NOTHING
+    assert leftovers(*server.places) == NOTHING
 
 
 def test_a_ctrl_c_in_the_block_leaves_nothing(base):
     with pytest.raises(KeyboardInterrupt), postgres.running(base / "pg") as server:
         raise KeyboardInterrupt  # what Python raises on SIGINT (xdist's workers may ignore the signal)
-    assert leftovers(server.folder) == NOTHING
+    assert leftovers(*server.places) == NOTHING
 
 
 def test_a_server_killed_and_never_restarted_leaves_nothing_not_even_shared_memory(base):
@@ -352,14 +392,14 @@ def test_a_server_killed_and_never_restarted_leaves_nothing_not_even_shared_memo
         connect(server.judge_dsn()).close()
         os.kill(server.pid, signal.SIGKILL)  # the postmaster alone, as an outsider would
         time.sleep(0.05)
-    assert leftovers(server.folder) == NOTHING
+    assert leftovers(*server.places) == NOTHING
     assert key not in [line.split()[0] for line in Path("/proc/sysvipc/shm").read_text().splitlines()[1:]]
 
 
 def test_a_paused_server_is_stopped_too(base):
     with postgres.running(base / "pg") as server:
         postgres.pause(server)
-    assert leftovers(server.folder) == NOTHING
+    assert leftovers(*server.places) == NOTHING
 
 
 def test_a_folder_that_exists_already_is_refused_and_kept(base):
@@ -374,7 +414,7 @@ def test_stop_twice_is_harmless(base):
     server = postgres.start(base / "pg")
     postgres.stop(server)
     postgres.stop(server)
-    assert leftovers(server.folder) == NOTHING
+    assert leftovers(*server.places) == NOTHING
 
 
 # --- not root ---------------------------------------------------------------------------------
@@ -382,7 +422,7 @@ def test_stop_twice_is_harmless(base):
 UNPRIVILEGED_RUN = """
     import os, psycopg
     from pathlib import Path
-    from labkit.servers import postgres
+    from labkit.servers import cluster_cache, postgres
     with postgres.running(Path.cwd() / "pg") as server:
         assert server.run_as.uid is None, server.run_as
         db = postgres.fresh_database(server, "step_1")

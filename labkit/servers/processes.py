@@ -102,14 +102,14 @@ def _cwd(pid: str) -> str | None:
         return None
 
 
-def processes_in(folder: Path) -> list[int]:
-    """Live processes whose working directory is `folder` or below it (zombies have none)."""
-    folder = str(Path(folder).absolute())
+def processes_in(*folders: Path) -> list[int]:
+    """Live processes whose working directory is one of `folders` or below (zombies have none)."""
+    places = [str(Path(folder).absolute()) for folder in folders]
     found = []
     for pid in os.listdir("/proc"):
         if pid.isdigit() and int(pid) != os.getpid():
             cwd = _cwd(pid)
-            if cwd is not None and (cwd == folder or cwd.startswith(folder + "/")):
+            if cwd is not None and any(cwd == place or cwd.startswith(place + "/") for place in places):
                 found.append(int(pid))
     return found
 
@@ -135,18 +135,20 @@ def reap(process: subprocess.Popen | None, timeout: float) -> bool:
         return False
 
 
-def end(folder: Path, process: subprocess.Popen | None, timeout: float = 10.0) -> None:
-    """SIGKILL the server's main process, then everything still running in its folder, until
-    nothing is (a PostgreSQL backend outlives a killed postmaster until it is killed too)."""
+def end(folder: Path | Iterable[Path], process: subprocess.Popen | None, timeout: float = 10.0) -> None:
+    """SIGKILL the server's main process, then everything still running in its folder (or
+    folders), until nothing is (a PostgreSQL backend outlives a killed postmaster until it is
+    killed too)."""
+    places = [folder] if isinstance(folder, (str, Path)) else list(folder)
     if process is not None and process.poll() is None:
         signal_all([process.pid], signal.SIGKILL)
     reap(process, timeout)
     deadline = time.monotonic() + timeout
-    while pids := processes_in(folder):
+    while pids := processes_in(*places):
         signal_all(pids, signal.SIGCONT)  # a stopped process dies of SIGKILL too; this is for clarity
         signal_all(pids, signal.SIGKILL)
         if time.monotonic() > deadline:
-            raise ServerFailed(f"processes {pids} in {folder} did not end after SIGKILL")
+            raise ServerFailed(f"processes {pids} in {', '.join(map(str, places))} did not end after SIGKILL")
         time.sleep(0.005)
 
 
