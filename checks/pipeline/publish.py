@@ -6,6 +6,7 @@ from __future__ import annotations
 from checks.pipeline import schema
 from checks.pipeline.claim import ev, fill
 from checks.pipeline.common import call, first_error, query, returned, run, servers
+from checks.pipeline.servers import Db, Stream
 from labkit.judge.expect import Miss, Plan, describe
 from labkit.judge.run import StepContext
 from labkit.judge.verdict import Case
@@ -29,14 +30,26 @@ def stream_entries(srv, key: str) -> list:
         return judge.xrange(key) if judge.exists(key) else []
 
 
+def place(ctx: StepContext, rows: int) -> tuple[Db, Stream, str]:
+    """A case's own database with `rows` outbox rows, Valkey user, and stream key."""
+    srv = servers(ctx)
+    db, user = srv.database(ctx.step), srv.user(ctx.step)
+    fill(db, rows)
+    return db, user, user.prefix + "orders"
+
+
+def publish_spec(ctx: StepContext, plan: Plan, db: Db, user: Stream, owner: str, key: str, hook: dict) -> dict:
+    """The case `plan`: one publish(conn, r, owner, 16, 30, key) with `hook` as its after_add."""
+    return {"name": plan.name, "dsn": db.dsn(ctx.workdir), "valkey": user.kwargs,
+            "ops": [call("publish", "$conn", "$r", owner, 16, 30, key, hooks={"after_add": hook} if hook else None)]}
+
+
 def check_publish(ctx: StepContext) -> list[Case]:
     srv = servers(ctx)
     plans, specs = [], []
 
     # Three rows, in order; the hook looks at the stream and the row at after_add.
-    db, user = srv.database(ctx.step), srv.user(ctx.step)
-    fill(db, 3)
-    key = user.prefix + "orders"
+    db, user, key = place(ctx, 3)
 
     def published(record: dict) -> Miss | None:
         miss = first_error(record)
@@ -75,14 +88,10 @@ def check_publish(ctx: StepContext) -> list[Case]:
                       "three entries in seq order with id, body and fence; each saved after its XADD; "
                       "{'published': 3, 'stale': 0}", published,
                       clauses=("4.xadd-fields", "4.saved-after-xadd", "4.counts", "4.no-maxlen")))
-    specs.append({"name": plans[-1].name, "dsn": db.dsn(ctx.workdir), "valkey": user.kwargs, "ops": [
-        call("publish", "$conn", "$r", "pub-1", 16, 30, key,
-             hooks={"after_add": {"look": "row", "stream": key}})]})
+    specs.append(publish_spec(ctx, plans[-1], db, user, "pub-1", key, {"look": "row", "stream": key}))
 
     # The XADD fails (the key holds a string): the error propagates, the row stays claimed.
-    db2, user2 = srv.database(ctx.step), srv.user(ctx.step)
-    fill(db2, 2)
-    key2 = user2.prefix + "orders"
+    db2, user2, key2 = place(ctx, 2)
     with srv.judge_valkey() as judge:
         judge.set(key2, "not a stream")
 
@@ -102,13 +111,10 @@ def check_publish(ctx: StepContext) -> list[Case]:
     plans.append(Plan("the XADD fails", "publish(conn, r, 'pub-2', 16, 30, stream) where the key holds a string",
                       "the error propagates; nothing saved as published; the row stays claimed", xadd_fails,
                       clauses=("4.saved-after-xadd",)))
-    specs.append({"name": plans[-1].name, "dsn": db2.dsn(ctx.workdir), "valkey": user2.kwargs,
-                  "ops": [call("publish", "$conn", "$r", "pub-2", 16, 30, key2)]})
+    specs.append(publish_spec(ctx, plans[-1], db2, user2, "pub-2", key2, {}))
 
     # Another publisher claims row 1 between its XADD and the save.
-    db3, user3 = srv.database(ctx.step), srv.user(ctx.step)
-    fill(db3, 2)
-    key3 = user3.prefix + "orders"
+    db3, user3, key3 = place(ctx, 2)
 
     def stale(record: dict) -> Miss | None:
         miss = first_error(record)
@@ -127,14 +133,10 @@ def check_publish(ctx: StepContext) -> list[Case]:
                       "after_add=…) where the row's fence changes inside after_add('ord-1')",
                       "ord-1 left to the new owner; ord-2 published; {'published': 1, 'stale': 1}", stale,
                       clauses=("4.fence-checked",)))
-    specs.append({"name": plans[-1].name, "dsn": db3.dsn(ctx.workdir), "valkey": user3.kwargs, "ops": [
-        call("publish", "$conn", "$r", "pub-3", 16, 30, key3,
-             hooks={"after_add": {"do": "steal", "only": "ord-1"}})]})
+    specs.append(publish_spec(ctx, plans[-1], db3, user3, "pub-3", key3, {"do": "steal", "only": "ord-1"}))
 
     # The server ends the publisher's connection between its XADD and the save: not a StaleClaim.
-    db4, user4 = srv.database(ctx.step), srv.user(ctx.step)
-    fill(db4, 2)
-    key4 = user4.prefix + "orders"
+    db4, user4, key4 = place(ctx, 2)
 
     def lost(record: dict) -> Miss | None:
         outcome = record["outcome"]
@@ -150,7 +152,5 @@ def check_publish(ctx: StepContext) -> list[Case]:
                       "after_add=…) where the server ends conn inside after_add('ord-1')",
                       "the error propagates (it is no StaleClaim); nothing saved; ord-1 stays claimed", lost,
                       clauses=("4.save-error",)))
-    specs.append({"name": plans[-1].name, "dsn": db4.dsn(ctx.workdir), "valkey": user4.kwargs, "ops": [
-        call("publish", "$conn", "$r", "pub-4", 16, 30, key4,
-             hooks={"after_add": {"do": "cut", "only": "ord-1"}})]})
+    specs.append(publish_spec(ctx, plans[-1], db4, user4, "pub-4", key4, {"do": "cut", "only": "ord-1"}))
     return run(ctx, plans, specs)
