@@ -133,6 +133,11 @@ def test_a_kept_cluster_is_copied_with_a_new_superuser_password(base, monkeypatc
         assert len(initdbs) == 2
     with postgres.running(base / "pg4"):  # pg3 kept its cluster again, complete
         assert len(initdbs) == 2
+    (kept[0] / "data" / "global" / "pg_control").unlink()  # damaged: single-user mode cannot start
+    with postgres.running(base / "pg5") as fifth:
+        assert len(initdbs) == 3 and "pg_control" in (fifth.folder / "single-user.log").read_text()
+    with postgres.running(base / "pg6"):  # and the damaged one was replaced
+        assert len(initdbs) == 3
 
 
 # --- least privilege --------------------------------------------------------------------------

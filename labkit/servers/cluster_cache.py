@@ -45,6 +45,13 @@ def find(name: str) -> Path | None:
     return data if (where / name / READY).is_file() else None
 
 
+def forget(name: str) -> None:
+    """Drop a kept cluster that did not start (damaged on disk): the next start keeps a new one."""
+    where = folder()
+    if where is not None:
+        shutil.rmtree(where / name, ignore_errors=True)
+
+
 def copy(source: Path, target: Path) -> None:
     """`source` to `target` (which must not exist), owners and modes kept (`cp -a`)."""
     subprocess.run(["cp", "-a", "--no-target-directory", str(source), str(target)], check=True,

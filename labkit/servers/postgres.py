@@ -308,11 +308,11 @@ def _make_cluster(server: PostgresServer) -> None:
     if kept is not None:
         try:
             cluster_cache.copy(kept, server.data_dir)
-        except (OSError, subprocess.SubprocessError):
-            shutil.rmtree(server.data_dir, ignore_errors=True)
-        else:
             _set_superuser_password(server)
             return
+        except (OSError, subprocess.SubprocessError, ServerFailed):  # damaged: made anew below
+            shutil.rmtree(server.data_dir, ignore_errors=True)
+            cluster_cache.forget(name)
     _initdb(server)
     cluster_cache.keep(name, server.data_dir, lambda path: _filesystem_type(path) == "tmpfs")
 
