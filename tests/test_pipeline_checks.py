@@ -11,7 +11,6 @@ told. The checks start one real PostgreSQL and one real Valkey per judge run.
 from __future__ import annotations
 
 import os
-
 from pathlib import Path
 
 import pytest

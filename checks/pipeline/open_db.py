@@ -17,16 +17,29 @@ IDLE_HINT = ("Your connection sat idle inside an open transaction after open_db 
              "until it commits (the server ends such a connection after 5 s). Connect with `autocommit=True` and "
              "run every write inside `with conn.transaction():`.")
 
-# The judge slows each session's first CREATE TABLE by 0.2 s (an event trigger), so two racers'
-# schema creations overlap for sure instead of by luck.
-SLOW_DDL = ["""CREATE FUNCTION judge_slow_ddl() RETURNS event_trigger LANGUAGE plpgsql AS $$
+# The first table a session creates is held, created and not yet committed, until another session
+# of the database waits on a lock (an event trigger at ddl_command_end; at most 2 s): the other
+# racer then either waits for the student's lock (right) or already tried to create the same table
+# and waits for this transaction, to fail with a duplicate key when it commits (no lock). A pause
+# before the CREATE, as this was, left a window of one transaction's length: a loaded machine
+# started the second racer later than that, and the missing lock passed under one seed in CI.
+SLOW_DDL = ["""CREATE FUNCTION judge_hold_ddl() RETURNS event_trigger LANGUAGE plpgsql AS $$
+DECLARE
+  polls int := 0;
 BEGIN
-  IF current_setting('judge.slowed', true) IS DISTINCT FROM 'yes' THEN
-    PERFORM set_config('judge.slowed', 'yes', false);
-    PERFORM pg_sleep(0.2);
+  IF current_setting('judge.held', true) IS DISTINCT FROM 'yes'
+     AND EXISTS (SELECT 1 FROM pg_event_trigger_ddl_commands()) THEN
+    PERFORM set_config('judge.held', 'yes', false);
+    LOOP
+      PERFORM pg_stat_clear_snapshot();  -- pg_stat_activity is otherwise read once per transaction
+      EXIT WHEN polls >= 200 OR EXISTS (SELECT 1 FROM pg_stat_activity WHERE datname = current_database()
+                                        AND pid <> pg_backend_pid() AND wait_event_type = 'Lock');
+      PERFORM pg_sleep(0.01);
+      polls := polls + 1;
+    END LOOP;
   END IF;
-END $$""", "CREATE EVENT TRIGGER judge_slow_ddl ON ddl_command_start WHEN TAG IN ('CREATE TABLE')"
-           " EXECUTE FUNCTION judge_slow_ddl()"]
+END $$""", "CREATE EVENT TRIGGER judge_hold_ddl ON ddl_command_end WHEN TAG IN ('CREATE TABLE')"
+           " EXECUTE FUNCTION judge_hold_ddl()"]
 ROWS = [("INSERT INTO orders VALUES ('keep-1', 'apple', 3)",),
         ("INSERT INTO outbox(id, body) VALUES ('keep-1', '{\"id\":\"keep-1\",\"qty\":3,\"sku\":\"apple\"}')",),
         ("INSERT INTO inbox(id, body, stream_id) VALUES ('keep-0', '{}', '1-0')",),
