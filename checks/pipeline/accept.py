@@ -38,6 +38,10 @@ BEGIN PERFORM pg_sleep(0.2); RETURN NEW; END $$""",
                "CREATE TRIGGER judge_slow BEFORE INSERT ON outbox FOR EACH ROW EXECUTE FUNCTION judge_slow()"]
 
 
+EDGE_HINT = ("Lab 01's ranges include their ends: id 1-64 characters, sku 1-32, qty 1-1000, and '.', '_' or '-' "
+             "anywhere after the first character.")
+
+
 def ev(id_, sku="apple", qty=3) -> dict:
     return {"id": id_, "sku": sku, "qty": qty}
 
@@ -82,7 +86,12 @@ def check_accept(ctx: StepContext) -> list[Case]:
     changed = dict(other, qty=6)
     invalid = [("qty is a bool", ev("bad-1", qty=True)), ("qty is 0", ev("bad-2", qty=0)),
                ("an extra key", {**ev("bad-3"), "note": "x"}), ("id with a space", ev("bad 4")),
-               ("not a dict", [("id", "bad-5")])]
+               ("not a dict", [("id", "bad-5")]), ("qty is 1001", ev("bad-6", qty=1001)),
+               ("id of 65 characters", ev("b" * 65)), ("sku of 33 characters", ev("bad-7", "s" * 33)),
+               ("id starts with '.'", ev(".bad-8")), ("sku is not ASCII", ev("bad-9", "p\u00e9ar"))]
+    # Lab 01's ranges include their ends: these are accepted like any event.
+    edges = [("the longest names, qty 1000", ev("A._-" + "x" * 59 + "9", "S" * 31 + "-", 1000)),
+             ("one-character names, qty 1", ev("7", "k", 1))]
     plans = [
         Plan("a new event", f"accept(conn, {show(new)})", "True; its order and outbox row",
              both(under("2.new-true", returns(True)), holds(new, "2.new-true")), clauses=("2.new-true",)),
@@ -97,6 +106,11 @@ def check_accept(ctx: StepContext) -> list[Case]:
     specs = [{"name": plans[0].name, "ops": [call("accept", "$conn", new)]},
              {"name": plans[1].name, "ops": [call("accept", "$conn", same), call("accept", "$conn", same)]},
              {"name": plans[2].name, "ops": [call("accept", "$conn", other), call("accept", "$conn", changed)]}]
+    for label, event in edges:
+        plans.append(Plan(f"valid at the edges: {label}", f"accept(conn, {show(event)})", "True; its order and "
+                          "outbox row", both(under("2.validate", returns(True, EDGE_HINT)), holds(event, "2.validate")),
+                          clauses=("2.validate",)))
+        specs.append({"name": plans[-1].name, "ops": [call("accept", "$conn", event)]})
     for label, event in invalid:
         id_ = event["id"] if isinstance(event, dict) else "bad-5"
         plans.append(Plan(f"invalid: {label}", f"accept(conn, {show(event)})", "ValueError, nothing written",

@@ -44,6 +44,10 @@ def ev(i: int) -> dict:
     return {"id": f"ord-{i}", "sku": "apple", "qty": i}
 
 
+EDGE_HINT = ("Every range includes its ends: owner 1-64 printable ASCII characters (space to '~'), limit 1-16, "
+             "lease_s any int or finite float in (0, 3600].")
+
+
 def fill(db: Db, count: int) -> None:
     schema.create(db.role_dsn)
     with db.judge() as judge:
@@ -187,6 +191,28 @@ def check_claim(ctx: StepContext) -> list[Case]:
                       "clock", db_clock, clauses=("3.db-clock",)))
     specs.append({"name": plans[-1].name, "dsn": skewed.dsn(ctx.workdir),
                   "ops": [{"skew": 3600}, call("claim", "$conn", "pub-3", 16, 10)]})
+
+    # The ends of every range are allowed: a 1-character owner with a float lease, a 64-character
+    # one (space and '~' are printable) with limit 16 and an hour's lease.
+    edges = srv.database(ctx.step)
+    fill(edges, 3)
+    wide = "~" + "o" * 62 + " "
+
+    def edge_args(record: dict) -> Miss | None:
+        miss = first_error(record)
+        if miss is not None:
+            return Miss(miss.got, EDGE_HINT, clause="3.arg-ranges")
+        owners = query(edges, "SELECT claimed_by, EXTRACT(epoch FROM claim_until - clock_timestamp()) FROM outbox"
+                              " ORDER BY seq")
+        if [o for o, _left in owners] != ["p", wide, wide] or not 3500 < float(owners[2][1]) <= 3600:
+            return Miss(f"the rows are claimed by {[o for o, _left in owners]}", EDGE_HINT, clause="3.arg-ranges")
+        return None
+
+    plans.append(Plan("arguments at the ends of their ranges", f"claim(conn, 'p', 1, 0.5), then claim(conn, "
+                      f"{show(wide)}, 16, 3600)", "row 1 claimed by 'p', rows 2 and 3 by the 64-character owner "
+                      "for an hour", edge_args, clauses=("3.arg-ranges",)))
+    specs.append({"name": plans[-1].name, "dsn": edges.dsn(ctx.workdir),
+                  "ops": [call("claim", "$conn", "p", 1, 0.5), call("claim", "$conn", wide, 16, 3600)]})
 
     # A row locked by another transaction: skipped, never waited for.
     locked = srv.database(ctx.step)
