@@ -247,29 +247,36 @@ def check_consume(ctx: StepContext) -> list[Case]:
              still_pending, clauses=("6.no-noack", "6.commit-before-ack")),
         f.spec("before_ack fails", hooks={"before_ack": {"do": "raise"}}))
 
-    # The consumer's own pending entries come first, within count.
-    own = [ev(f"o-{i}", "plum", i) for i in range(1, 5)]
-    g = Setup(ctx, srv, [entry(x) for x in own[:2]])
-    with srv.judge_valkey() as judge:
-        judge.xreadgroup(GROUP, "c1", {g.key: ">"}, count=2)  # delivered before a "restart"
-        g.ids += [judge.xadd(g.key, entry(x)) for x in own[2:]]
+    # The consumer's own pending entries come first, then new ones, at most `count` in all: with its
+    # own filling count, with fewer, and where count - k differs from count ^ k (a slip of the sum).
+    for name, given, waiting, count in (("the consumer's own pending entries", 2, 2, 3),
+                                        ("its own pending entries fill count", 2, 2, 2),
+                                        ("one own pending entry, count 4", 1, 5, 4)):
+        own = [ev(f"o-{i}", "plum", i) for i in range(1, given + waiting + 1)]
+        g = Setup(ctx, srv, [entry(x) for x in own[:given]])
+        with srv.judge_valkey() as judge:
+            judge.xreadgroup(GROUP, "c1", {g.key: ">"}, count=given)  # delivered before a "restart"
+            g.ids += [judge.xadd(g.key, entry(x)) for x in own[given:]]
+        want = [x["id"] for x in own[:count]]
 
-    def own_first(record: dict) -> Miss | None:
-        miss = first_error(record)
-        if miss is not None:
-            return miss
-        got = [row[0] for row in g.inbox()]
-        if got[:2] != ["o-1", "o-2"]:
-            return Miss(f"applied {got}: the two entries this consumer was given before are not among them", PEL_HINT,
-                        clause="6.own-pending-first")
-        if got != ["o-1", "o-2", "o-3"]:
-            return Miss(f"applied {got} with count=3", "At most `count` entries in all.", clause="6.count-block")
-        return None
+        def own_first(record: dict, g=g, given=given, count=count, want=want) -> Miss | None:
+            miss = first_error(record)
+            if miss is not None:
+                return miss
+            got = [row[0] for row in g.inbox()]
+            if got[:given] != want[:given]:
+                return Miss(f"applied {got}: the {given} entries this consumer was given before are not first",
+                            PEL_HINT, clause="6.own-pending-first")
+            if got != want:
+                return Miss(f"applied {got} with count={count} ({given} of its own pending)", "At most `count` "
+                            "entries in all: its own pending ones first, then up to count minus those new ones.",
+                            clause="6.count-block")
+            return None
 
-    add(Plan("the consumer's own pending entries", "consume(…, 'c1', 3, 0) when c1 was given 2 entries before and "
-             "2 new ones wait", "o-1 and o-2 (its own) first, then o-3: three in all", own_first,
-             clauses=("6.own-pending-first", "6.count-block")),
-        g.spec("the consumer's own pending entries", count=3))
+        add(Plan(name, f"consume(…, 'c1', {count}, 0) when c1 was given {given} entries before and {waiting} new "
+                 "ones wait", f"{', '.join(want[:given])} (its own) first, then new ones: {count} in all", own_first,
+                 clauses=("6.own-pending-first", "6.count-block")),
+            g.spec(name, count=count))
 
     # Nothing to read: block_ms 0 returns at once, 300 waits.
     h = Setup(ctx, srv, [])
