@@ -87,7 +87,7 @@ def check_accept(ctx: StepContext) -> list[Case]:
     invalid = [("qty is a bool", ev("bad-1", qty=True)), ("qty is 0", ev("bad-2", qty=0)),
                ("an extra key", {**ev("bad-3"), "note": "x"}), ("id with a space", ev("bad 4")),
                ("not a dict", [("id", "bad-5")]), ("qty is 1001", ev("bad-6", qty=1001)),
-               ("id of 65 characters", ev("b" * 65)), ("sku of 33 characters", ev("bad-7", "s" * 33)),
+               ("id has 65 characters", ev("b" * 65)), ("sku has 33 characters", ev("bad-7", "s" * 33)),
                ("id starts with '.'", ev(".bad-8")), ("sku is not ASCII", ev("bad-9", "p\u00e9ar"))]
     # Lab 01's ranges include their ends: these are accepted like any event.
     edges = [("the longest names, qty 1000", ev("A._-" + "x" * 59 + "9", "S" * 31 + "-", 1000)),
