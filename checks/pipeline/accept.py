@@ -49,10 +49,8 @@ def ev(id_, sku="apple", qty=3) -> dict:
 def check_accept(ctx: StepContext) -> list[Case]:
     srv = servers(ctx)
     db = srv.database(ctx.step)
-    schema.create(db.role_dsn)
-    with db.judge() as judge:
-        for sql in FAILING:
-            judge.execute(sql)
+    schema.create(db)
+    db.setup(*FAILING)
 
     def stored(id_: str):
         order = query(db, "SELECT id, sku, qty FROM orders WHERE id = %s", (id_,))
@@ -141,10 +139,8 @@ RACERS = 3
 def check_race(ctx: StepContext) -> list[Case]:
     srv = servers(ctx)
     db = srv.database(ctx.step)
-    schema.create(db.role_dsn)
-    with db.judge() as judge:
-        for sql in SLOW_INSERT:
-            judge.execute(sql)
+    schema.create(db)
+    db.setup(*SLOW_INSERT)
     event = ev("race-1", "fig", 4)
 
     def one_true(records: list[dict]) -> Miss | None:

@@ -49,10 +49,9 @@ EDGE_HINT = ("Every range includes its ends: owner 1-64 printable ASCII characte
 
 
 def fill(db: Db, count: int) -> None:
-    schema.create(db.role_dsn)
-    with db.judge() as judge:
-        for i in range(1, count + 1):
-            judge.execute("INSERT INTO outbox(id, body) VALUES (%s, %s)", (f"ord-{i}", schema.canonical(ev(i))))
+    schema.create(db)
+    db.setup(*(("INSERT INTO outbox(id, body) VALUES (%s, %s)", (f"ord-{i}", schema.canonical(ev(i))))
+               for i in range(1, count + 1)))
 
 
 def state(db: Db) -> list[tuple]:
@@ -94,9 +93,8 @@ def check_claim(ctx: StepContext) -> list[Case]:
     # Order, limit, the row update, the fence from the sequence.
     basic = srv.database(ctx.step)
     fill(basic, 5)
-    with basic.judge() as judge:
-        judge.execute("SELECT setval('fence_seq', 500)")
-        judge.execute("UPDATE outbox SET fence = 7 WHERE seq = 5")  # a max(fence) + 1 would give 8
+    basic.setup("SELECT setval('fence_seq', 500)",
+                "UPDATE outbox SET fence = 7 WHERE seq = 5")  # a max(fence) + 1 would give 8
 
     def ordered(record: dict) -> Miss | None:
         miss = first_error(record)
@@ -134,13 +132,12 @@ def check_claim(ctx: StepContext) -> list[Case]:
     # What may be claimed: published and live claims never, expired claims again.
     mixed = srv.database(ctx.step)
     fill(mixed, 4)
-    with mixed.judge() as judge:
-        judge.execute("UPDATE outbox SET published_at = now(), stream_id = '1-0' WHERE seq = 1")
-        judge.execute("UPDATE outbox SET claimed_by = 'other', fence = 3, claim_until = clock_timestamp()"
-                      " + interval '20 seconds' WHERE seq = 2")
-        judge.execute("UPDATE outbox SET claimed_by = 'dead', fence = 4, claim_until = clock_timestamp()"
-                      " - interval '1 second' WHERE seq = 3")
-        judge.execute("SELECT setval('fence_seq', 10)")
+    mixed.setup("UPDATE outbox SET published_at = now(), stream_id = '1-0' WHERE seq = 1",
+                "UPDATE outbox SET claimed_by = 'other', fence = 3, claim_until = clock_timestamp()"
+                " + interval '20 seconds' WHERE seq = 2",
+                "UPDATE outbox SET claimed_by = 'dead', fence = 4, claim_until = clock_timestamp()"
+                " - interval '1 second' WHERE seq = 3",
+                "SELECT setval('fence_seq', 10)")
 
     def claimable(record: dict) -> Miss | None:
         miss = first_error(record)
@@ -166,10 +163,9 @@ def check_claim(ctx: StepContext) -> list[Case]:
     # The caller's clock is an hour ahead: a live claim must stay, the new one ends on the db's clock.
     skewed = srv.database(ctx.step)
     fill(skewed, 2)
-    with skewed.judge() as judge:
-        judge.execute("UPDATE outbox SET claimed_by = 'other', fence = 1, claim_until = clock_timestamp()"
-                      " + interval '60 seconds' WHERE seq = 1")
-        before = judge.execute("SELECT clock_timestamp()").fetchone()[0]  # the claim comes after this
+    skewed.setup("UPDATE outbox SET claimed_by = 'other', fence = 1, claim_until = clock_timestamp()"
+                 " + interval '60 seconds' WHERE seq = 1")
+    before = one(skewed, "SELECT clock_timestamp()")  # the claim comes after this
 
     def db_clock(record: dict) -> Miss | None:
         miss = first_error(record)
@@ -251,9 +247,7 @@ def check_claim_race(ctx: StepContext) -> list[Case]:
     srv = servers(ctx)
     db = srv.database(ctx.step)
     fill(db, ROWS)
-    with db.judge() as judge:
-        for sql in SLOW_UPDATE:
-            judge.execute(sql)
+    db.setup(*SLOW_UPDATE)
 
     def one_owner(records: list[dict]) -> Miss | None:
         errors = [r for r in records if r["outcome"]["kind"] != "returned"]

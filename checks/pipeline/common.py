@@ -125,12 +125,11 @@ def first_error(record: dict) -> Miss | None:
     return None
 
 
-def query(db: Db, sql: str, params=()) -> list[tuple]:
-    with db.judge() as judge:
-        return judge.execute(sql, params).fetchall()
+def query(db: Db, sql: str, params=None) -> list[tuple]:
+    return db.look(sql, params)
 
 
-def one(db: Db, sql: str, params=()):
+def one(db: Db, sql: str, params=None):
     found = query(db, sql, params)
     return found[0][0] if found else None
 

@@ -40,7 +40,7 @@ class Setup:
     def __init__(self, ctx: StepContext, srv, entries: list[dict]) -> None:
         self.srv = srv
         self.db, self.user = srv.database(ctx.step), srv.user(ctx.step)
-        schema.create(self.db.role_dsn)
+        schema.create(self.db)
         self.key = self.user.prefix + "orders"
         with srv.judge_valkey() as judge:
             judge.xgroup_create(self.key, GROUP, id="0", mkstream=True)
@@ -150,9 +150,8 @@ def check_consume(ctx: StepContext) -> list[Case]:
     # Poison: not JSON, no body, an id applied before with another body; one good event.
     good, clash = ev("p-ok", "fig", 1), ev("p-clash", "fig", 9)
     c = Setup(ctx, srv, [{"id": "p-1", "body": "not json"}, {"id": "p-2"}, entry(clash), entry(good)])
-    with c.db.judge() as judge:
-        judge.execute("INSERT INTO inbox(id, body, stream_id) VALUES ('p-clash', %s, '0-1')",
-                      (schema.canonical(ev("p-clash", "fig", 1)),))
+    c.db.setup(("INSERT INTO inbox(id, body, stream_id) VALUES ('p-clash', %s, '0-1')",
+                (schema.canonical(ev("p-clash", "fig", 1)),)))
 
     def poison(record: dict) -> Miss | None:
         miss = first_error(record)

@@ -140,9 +140,8 @@ class Scene:
     def fault(self, text: str) -> None:
         self.ctx.evidence.faults.append(text)
 
-    def query(self, sql: str, params=()) -> list[tuple]:
-        with self.db.judge() as judge:
-            return judge.execute(sql, params).fetchall()
+    def query(self, sql: str, params=None) -> list[tuple]:
+        return self.db.look(sql, params)
 
     def entries(self) -> list:
         with self.own.judge_valkey() as judge:

@@ -25,7 +25,7 @@ def pel(stream: Stream) -> list[tuple]:
 def check_lag(ctx: StepContext) -> list[Case]:
     srv = servers(ctx)
     empty_db, empty_user = srv.database(ctx.step), srv.user(ctx.step)
-    schema.create(empty_db.role_dsn)
+    schema.create(empty_db)
 
     def zeros(record: dict) -> Miss | None:
         miss = first_error(record)
@@ -41,10 +41,9 @@ def check_lag(ctx: StepContext) -> list[Case]:
 
     db = srv.database(ctx.step)
     fill(db, 3)
-    with db.judge() as judge:
-        judge.execute("UPDATE outbox SET accepted_at = now() - interval '5 seconds' WHERE seq = 1")
-        judge.execute("UPDATE outbox SET accepted_at = now() - interval '900 seconds', published_at = now(),"
-                      " stream_id = '1-0' WHERE seq = 2")
+    db.setup("UPDATE outbox SET accepted_at = now() - interval '5 seconds' WHERE seq = 1",
+             "UPDATE outbox SET accepted_at = now() - interval '900 seconds', published_at = now(),"
+             " stream_id = '1-0' WHERE seq = 2")
     stream = Stream(ctx, srv)
     stream.deliver(1, "dead-c", idle=60_000, times=4, prefix="old")
     stream.deliver(2, "alive-c", prefix="new")
@@ -54,7 +53,7 @@ def check_lag(ctx: StepContext) -> list[Case]:
         judge.xack(stream.key, GROUP, done)
         judge.xadd(stream.key + ".dead", {"entry_id": "0-1", "fields": "{}", "reason": "judge"})
         judge.xadd(stream.key + ".dead", {"entry_id": "0-2", "fields": "{}", "reason": "judge"})
-    before_rows, before_pel = schema.rows(db.judge(), "outbox"), pel(stream)
+    before_rows, before_pel = schema.rows(db, "outbox"), pel(stream)
 
     def measures(record: dict) -> Miss | None:
         miss = first_error(record)
@@ -81,7 +80,7 @@ def check_lag(ctx: StepContext) -> list[Case]:
             return Miss("; ".join(wrong), "Unpublished rows by accepted_at on the database's clock; pending, idle "
                         "and delivery counts from XPENDING; dead from XLEN of <stream>.dead.", clause="8.measures")
         after_pel = pel(stream)
-        if schema.rows(db.judge(), "outbox") != before_rows or \
+        if schema.rows(db, "outbox") != before_rows or \
                 [p[:3] for p in after_pel] != [p[:3] for p in before_pel] or after_pel[0][3] < 60:
             return Miss(f"the pending entries went from {before_pel} to {after_pel}", "lag only reads: no XCLAIM, "
                         "no XREADGROUP, no XAUTOCLAIM (each changes owners, idle times or counts).",

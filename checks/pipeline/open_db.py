@@ -68,16 +68,11 @@ def is_connection(record: dict) -> Miss | None:
 def check_open(ctx: StepContext) -> list[Case]:
     srv = servers(ctx)
     new, idle, kept, locked, cut = (srv.database(ctx.step) for _ in range(5))
-    schema.create(kept.role_dsn)
-    with kept.judge() as judge:
-        for (sql,) in ROWS:
-            judge.execute(sql)
-        for _ in range(41):
-            judge.execute("SELECT nextval('fence_seq')")
-    kept_rows = {t: schema.rows(kept.judge(), t) for t in ("orders", "outbox", "inbox", "stock")}
-    with locked.judge() as judge:  # the role may not create anything: open_db must fail, and clean up
-        judge.execute("ALTER SCHEMA public OWNER TO judge")
-        judge.execute("REVOKE CREATE ON SCHEMA public FROM PUBLIC")
+    schema.create(kept)
+    kept.setup(*(sql for (sql,) in ROWS), *["SELECT nextval('fence_seq')"] * 41)
+    kept_rows = {t: schema.rows(kept, t) for t in ("orders", "outbox", "inbox", "stock")}
+    # the role may not create anything: open_db must fail, and clean up
+    locked.setup("ALTER SCHEMA public OWNER TO judge", "REVOKE CREATE ON SCHEMA public FROM PUBLIC")
 
     def new_schema(record: dict) -> Miss | None:
         miss = is_connection(record)
@@ -101,8 +96,7 @@ def check_open(ctx: StepContext) -> list[Case]:
         if miss is not None:
             return miss
         for table, before in kept_rows.items():
-            with kept.judge() as judge:
-                after = schema.rows(judge, table)
+            after = schema.rows(kept, table)
             if after != before:
                 return Miss(f"{table} had {len(before)} row(s) before open_db and {len(after)} after",
                             "Create only what is missing (`IF NOT EXISTS`); never drop, truncate or insert.")
@@ -166,9 +160,7 @@ def check_open(ctx: StepContext) -> list[Case]:
 def check_concurrent_open(ctx: StepContext) -> list[Case]:
     srv = servers(ctx)
     db = srv.database(ctx.step)
-    with db.judge() as judge:
-        for sql in SLOW_DDL:
-            judge.execute(sql)
+    db.setup(*SLOW_DDL)
 
     def both_open(records: list[dict]) -> Miss | None:
         failed = [r for r in records if r["outcome"]["kind"] != "returned"]

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import psycopg
+import psycopg.sql
 
 from labkit.servers import postgres, valkey
 
@@ -44,10 +45,53 @@ class Db:
     judge_dsn: str = field(repr=False)
     role_dsn: str = field(repr=False)  # the student's role at the real socket, for the judge's set-up
 
+    database: postgres.Database = field(repr=False)
+    _look: psycopg.Connection | None = field(default=None, repr=False)
+    _look_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
     def judge(self) -> psycopg.Connection:
+        """A new connection of the judge's own, for what holds locks or a transaction."""
         return psycopg.connect(self.judge_dsn, autocommit=True)
 
-    database: postgres.Database = field(repr=False)
+    def look(self, sql: str, params=None) -> list[tuple]:
+        """One read of the judge's, on a connection kept for reads (a new one costs ~8 ms, and a
+        step reads a dozen times); opened again once if a restart or a kill broke it."""
+        with self._look_lock:
+            try:
+                return self._reader().execute(sql, params).fetchall()
+            except psycopg.OperationalError:
+                self._drop_reader()
+                return self._reader().execute(sql, params).fetchall()
+
+    def setup(self, *statements: str | tuple[str, tuple]) -> None:
+        """The judge's set-up (a statement, or one with its parameters), in one transaction on
+        the kept connection; never retried."""
+        with self._look_lock:
+            con = self._reader()
+            with con.transaction():
+                for statement in statements:
+                    sql, params = statement if isinstance(statement, tuple) else (statement, None)
+                    con.execute(sql, params)  # None: a '%' in the text is only text
+
+    def as_owner(self, statements: list[str]) -> None:
+        """Run `statements` in one transaction as the database's own role (what they create is
+        the role's, as if the student's code had made it)."""
+        self.setup(psycopg.sql.SQL("SET LOCAL ROLE {}").format(psycopg.sql.Identifier(self.name)).as_string(None),
+                   *statements)
+
+    def _reader(self) -> psycopg.Connection:
+        if self._look is None or self._look.closed or self._look.broken:
+            self._look = self.judge()
+        return self._look
+
+    def _drop_reader(self) -> None:
+        if self._look is not None:
+            self._look.close()
+            self._look = None
+
+    def close(self) -> None:
+        with self._look_lock:
+            self._drop_reader()
 
     def dsn(self, workdir: Path) -> str:
         """What the student's code gets in a child working in `workdir`: the role's own DSN,
@@ -70,6 +114,7 @@ class Servers:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._count = itertools.count(1)
+        self._dbs: list[Db] = []  # whose reading connections close before the server stops
         self.base: Path | None = None
         self.pg: postgres.PostgresServer | None = None
         self.vk: valkey.ValkeyServer | None = None
@@ -82,6 +127,9 @@ class Servers:
 
     def close(self) -> None:
         with self._lock:
+            for db in self._dbs:
+                db.close()
+            self._dbs.clear()
             try:
                 if self.vk is not None:
                     valkey.stop(self.vk)
@@ -120,14 +168,12 @@ class Servers:
         frozen transaction must outlive them)."""
         server = self.postgres()
         name = f"s{step}_{next(self._count)}"
-        db = postgres.fresh_database(server, name)
-        with psycopg.connect(db.judge_dsn, autocommit=True) as judge:
-            for key, value in ROLE_SETTINGS.items() if settings else ():
-                judge.execute(f"ALTER ROLE {name} SET {key} = '{value}'")
-            # a student's code that opens connection after connection cannot take the server's
-            # 64 from the other steps: a case's racers and probes use at most about ten
-            judge.execute(f"ALTER ROLE {name} CONNECTION LIMIT {CONNECTIONS}")
-        return Db(name, server, db.judge_dsn, db.dsn, db)
+        # a student's code that opens connection after connection cannot take the server's
+        # 64 from the other steps: a case's racers and probes use at most about ten
+        db = postgres.fresh_database(server, name, ROLE_SETTINGS if settings else None, CONNECTIONS)
+        made = Db(name, server, db.judge_dsn, db.dsn, db)
+        self._dbs.append(made)
+        return made
 
     def user(self, step) -> Stream:
         prefix = f"lab:{step}:{next(self._count)}:"

@@ -482,10 +482,13 @@ CREATE_DATABASE = "CREATE DATABASE {} OWNER {} STRATEGY FILE_COPY"
 NO_PUBLIC = "REVOKE CONNECT, TEMPORARY ON DATABASE {} FROM PUBLIC"
 
 
-def fresh_database(server: PostgresServer, name: str) -> Database:
+def fresh_database(server: PostgresServer, name: str, settings: dict[str, str] | None = None,
+                   connection_limit: int = -1) -> Database:
     """A new database `name` owned by a new role `name` with a random password, and nothing
     else: a spare renamed and given to the role (its public schema, owned by
-    pg_database_owner, follows), or a new copy of template1 when no spare is ready."""
+    pg_database_owner, follows), or a new copy of template1 when no spare is ready. The role
+    gets `settings` (`ALTER ROLE ... SET`) and at most `connection_limit` connections (-1: no
+    limit), set on the judge's reused connection (a connection to the new database costs more)."""
     if not NAME.fullmatch(name) or name in RESERVED or name.startswith("pg_"):
         raise ValueError(f"{name!r} is not a database name here: [a-z_][a-z0-9_]*, at most 63, "
                          f"not {sorted(RESERVED)} nor pg_*")
@@ -493,7 +496,10 @@ def fresh_database(server: PostgresServer, name: str) -> Database:
     ident = sql.Identifier(name)
     with _admin(server) as admin:
         admin.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD {} NOSUPERUSER NOCREATEDB NOCREATEROLE "
-                              "NOREPLICATION NOBYPASSRLS NOINHERIT").format(ident, sql.Literal(password)))
+                              "NOREPLICATION NOBYPASSRLS NOINHERIT CONNECTION LIMIT {}").format(
+                                  ident, sql.Literal(password), sql.Literal(int(connection_limit))))
+        for key, value in (settings or {}).items():
+            admin.execute(sql.SQL("ALTER ROLE {} SET {} = {}").format(ident, sql.Identifier(key), sql.Literal(value)))
         spare = _take_spare(server)
         if spare is not None:
             admin.execute(sql.SQL("ALTER DATABASE {} RENAME TO {}").format(sql.Identifier(spare), ident))
