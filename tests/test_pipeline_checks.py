@@ -166,3 +166,22 @@ def test_final_check_shows_the_processes_the_servers_their_kills_and_the_ladder(
                  "published saved by the fence holder", "delivered to consumer C (count k)",
                  "applied in the inbox", "acknowledged (PEL empty)"):
         assert name in rungs
+
+
+def test_the_judges_kept_connection_survives_a_restart_and_closes_with_the_servers():
+    """`Db.look` reads on one kept connection: a server killed and restarted under it (the final
+    check does so) costs one reconnection, not a failed read; the servers' close closes it."""
+    from checks.pipeline.servers import Servers
+    from labkit.servers import postgres
+
+    with Servers() as srv:
+        db = srv.database("t")
+        db.setup("CREATE TABLE kept(x int)", ("INSERT INTO kept VALUES (%s)", (1,)))
+        assert db.look("SELECT x FROM kept") == [(1,)]
+        first = db._look
+        postgres.stop_immediately(srv.pg)
+        postgres.restart(srv.pg)
+        assert db.look("SELECT x, 'a%' FROM kept") == [(1, "a%")]
+        assert first.closed and db._look is not first
+        kept = db._look
+    assert kept.closed

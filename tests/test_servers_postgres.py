@@ -166,6 +166,18 @@ def test_the_step_role_has_no_attribute_and_no_membership(server):
     assert members == (0,) and judge_row == (True,)
 
 
+def test_a_role_gets_its_settings_and_connection_limit_and_a_connection_past_it_is_refused(server):
+    db = postgres.fresh_database(server, unique("limits"), {"lock_timeout": "5s", "statement_timeout": "20s"}, 1)
+    with connect(db.dsn) as con:
+        assert con.execute("SHOW lock_timeout").fetchone() == ("5s",)
+        assert con.execute("SHOW statement_timeout").fetchone() == ("20s",)
+        with pytest.raises(psycopg.OperationalError, match="too many connections"):
+            connect(db.dsn).close()
+    plain = postgres.fresh_database(server, unique("nolimits"))
+    with connect(plain.dsn) as con, connect(plain.dsn):
+        assert con.execute("SHOW lock_timeout").fetchone() == ("0",)
+
+
 def test_the_student_cannot_create_a_database_the_judge_can(server):
     db = postgres.fresh_database(server, unique("nocreate"))
     with connect(db.dsn) as student, pytest.raises(errors.InsufficientPrivilege, match="permission denied to create database"):

@@ -43,8 +43,6 @@ class Db:
     name: str
     server: postgres.PostgresServer = field(repr=False)
     judge_dsn: str = field(repr=False)
-    role_dsn: str = field(repr=False)  # the student's role at the real socket, for the judge's set-up
-
     database: postgres.Database = field(repr=False)
     _look: psycopg.Connection | None = field(default=None, repr=False)
     _look_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -171,7 +169,7 @@ class Servers:
         # a student's code that opens connection after connection cannot take the server's
         # 64 from the other steps: a case's racers and probes use at most about ten
         db = postgres.fresh_database(server, name, ROLE_SETTINGS if settings else None, CONNECTIONS)
-        made = Db(name, server, db.judge_dsn, db.dsn, db)
+        made = Db(name, server, db.judge_dsn, db)
         self._dbs.append(made)
         return made
 
