@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from checks.pipeline import schema
 from checks.pipeline.common import (
+    UNTIL_ANOTHER_WAITS,
     call,
     first_error,
     outcomes,
@@ -32,10 +33,21 @@ BEGIN RAISE EXCEPTION 'the judge refuses this row'; END $$""",
            " WHEN (NEW.body LIKE '%\"sku\":\"refused-outbox\"%') EXECUTE FUNCTION judge_fail()",
            "CREATE TRIGGER judge_fail_orders BEFORE INSERT ON orders FOR EACH ROW"
            " WHEN (NEW.sku = 'refused-order') EXECUTE FUNCTION judge_fail()"]
-# In the race's database every outbox insert takes 0.2 s, so the racers' transactions overlap.
-SLOW_INSERT = ["""CREATE FUNCTION judge_slow() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN PERFORM pg_sleep(0.2); RETURN NEW; END $$""",
-               "CREATE TRIGGER judge_slow BEFORE INSERT ON outbox FOR EACH ROW EXECUTE FUNCTION judge_slow()"]
+# In the race's database the first outbox insert of all is held, its transaction open, until
+# another session waits on a lock (at most 2 s): then the other racers have looked for the id and
+# either wait for this transaction (an insert that conflicts: right) or insert the order behind a
+# SELECT that saw nothing, to fail with a duplicate key when this one commits. As in step 1, the
+# hold ends on what the judge sees, not after a pause (0.2 s, as this was, on every insert).
+HOLD_FIRST_INSERT = ["CREATE SEQUENCE judge_turn", """CREATE FUNCTION judge_hold_insert() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+  polls int := 0;
+BEGIN
+  IF nextval('judge_turn') = 1 THEN
+    """ + UNTIL_ANOTHER_WAITS + """
+  END IF;
+  RETURN NEW;
+END $$""", "CREATE TRIGGER judge_hold_insert BEFORE INSERT ON outbox FOR EACH ROW EXECUTE FUNCTION judge_hold_insert()"]
 
 
 EDGE_HINT = ("Lab 01's ranges include their ends: id 1-64 characters, sku 1-32, qty 1-1000, and '.', '_' or '-' "
@@ -81,7 +93,7 @@ def check_accept(ctx: StepContext) -> list[Case]:
         return check
 
     new, same, other = ev("new-1"), ev("same-1", "pear", 2), ev("conf-1", "plum", 5)
-    changed = dict(other, qty=6)
+    changed, below = dict(other, qty=6), dict(other, id="conf-2", qty=4)  # bodies sorting after and before
     invalid = [("qty is a bool", ev("bad-1", qty=True)), ("qty is 0", ev("bad-2", qty=0)),
                ("an extra key", {**ev("bad-3"), "note": "x"}), ("id with a space", ev("bad 4")),
                ("not a dict", [("id", "bad-5")]), ("qty is 1001", ev("bad-6", qty=1001)),
@@ -100,10 +112,17 @@ def check_accept(ctx: StepContext) -> list[Case]:
              both(under("2.conflict", raises("Conflict", "Compare the stored body with this one: different → "
                                                          "raise Conflict.")), holds(other, "2.conflict")),
              clauses=("2.conflict",)),
+        Plan("the same id, a new body that sorts before the stored one", f"accept {show(dict(below, qty=5))}, then qty 4",
+             "Conflict; nothing changed",
+             both(under("2.conflict", raises("Conflict", "Compare the stored body with this one for equality: "
+                                                         "different → raise Conflict, whichever sorts first.")),
+                  holds(dict(below, qty=5), "2.conflict")), clauses=("2.conflict",)),
     ]
     specs = [{"name": plans[0].name, "ops": [call("accept", "$conn", new)]},
              {"name": plans[1].name, "ops": [call("accept", "$conn", same), call("accept", "$conn", same)]},
-             {"name": plans[2].name, "ops": [call("accept", "$conn", other), call("accept", "$conn", changed)]}]
+             {"name": plans[2].name, "ops": [call("accept", "$conn", other), call("accept", "$conn", changed)]},
+             {"name": plans[3].name, "ops": [call("accept", "$conn", dict(below, qty=5)),
+                                             call("accept", "$conn", below)]}]
     for label, event in edges:
         plans.append(Plan(f"valid at the edges: {label}", f"accept(conn, {show(event)})", "True; its order and "
                           "outbox row", both(under("2.validate", returns(True, EDGE_HINT)), holds(event, "2.validate")),
@@ -140,7 +159,7 @@ def check_race(ctx: StepContext) -> list[Case]:
     srv = servers(ctx)
     db = srv.database(ctx.step)
     schema.create(db)
-    db.setup(*SLOW_INSERT)
+    db.setup(*HOLD_FIRST_INSERT, f"GRANT USAGE ON SEQUENCE judge_turn TO {db.name}")
     event = ev("race-1", "fig", 4)
 
     def one_true(records: list[dict]) -> Miss | None:

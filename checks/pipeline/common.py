@@ -13,6 +13,16 @@ from labkit.judge.verdict import Case, Outcome
 from labkit.values import encode
 
 BARRIER = (31337, 4242)  # probes.BARRIER
+# PL/pgSQL (declare `polls int := 0`): wait, at most 2 s, until another session of this database
+# waits on a lock. A race's trigger holds its first writer's transaction open with it, so the other
+# racers meet that transaction whatever the machine's load; it ends as soon as they do.
+UNTIL_ANOTHER_WAITS = """LOOP
+      PERFORM pg_stat_clear_snapshot();  -- pg_stat_activity is otherwise read once per transaction
+      EXIT WHEN polls >= 200 OR EXISTS (SELECT 1 FROM pg_stat_activity WHERE datname = current_database()
+                                        AND pid <> pg_backend_pid() AND wait_event_type = 'Lock');
+      PERFORM pg_sleep(0.01);
+      polls := polls + 1;
+    END LOOP;"""
 BARRIER_WAIT = 20.0  # the longest the judge waits for every racer to reach the barrier
 
 

@@ -4,7 +4,17 @@ opening one new database at the same moment."""
 from __future__ import annotations
 
 from checks.pipeline import schema
-from checks.pipeline.common import call, first_error, idle_killed, one, outcomes, race, run, servers
+from checks.pipeline.common import (
+    UNTIL_ANOTHER_WAITS,
+    call,
+    first_error,
+    idle_killed,
+    one,
+    outcomes,
+    race,
+    run,
+    servers,
+)
 from labkit.judge.expect import Miss, Plan, describe
 from labkit.judge.run import StepContext, together
 from labkit.judge.verdict import Case
@@ -30,13 +40,7 @@ BEGIN
   IF current_setting('judge.held', true) IS DISTINCT FROM 'yes'
      AND EXISTS (SELECT 1 FROM pg_event_trigger_ddl_commands()) THEN
     PERFORM set_config('judge.held', 'yes', false);
-    LOOP
-      PERFORM pg_stat_clear_snapshot();  -- pg_stat_activity is otherwise read once per transaction
-      EXIT WHEN polls >= 200 OR EXISTS (SELECT 1 FROM pg_stat_activity WHERE datname = current_database()
-                                        AND pid <> pg_backend_pid() AND wait_event_type = 'Lock');
-      PERFORM pg_sleep(0.01);
-      polls := polls + 1;
-    END LOOP;
+    """ + UNTIL_ANOTHER_WAITS + """
   END IF;
 END $$""", "CREATE EVENT TRIGGER judge_hold_ddl ON ddl_command_end WHEN TAG IN ('CREATE TABLE')"
            " EXECUTE FUNCTION judge_hold_ddl()"]
