@@ -148,10 +148,14 @@ def check_consume(ctx: StepContext) -> list[Case]:
         b.spec("the same event in two entries"))
 
     # Poison: not JSON, no body, an id applied before with another body; one good event.
-    good, clash = ev("p-ok", "fig", 1), ev("p-clash", "fig", 9)
-    c = Setup(ctx, srv, [{"id": "p-1", "body": "not json"}, {"id": "p-2"}, entry(clash), entry(good)])
+    # Two ids applied before with another body: one whose stored body sorts before the new one, one after.
+    good, clash, clash_after = ev("p-ok", "fig", 1), ev("p-clash", "fig", 9), ev("p-clash2", "fig", 1)
+    poisons = [{"id": "p-1", "body": "not json"}, {"id": "p-2"}, entry(clash), entry(clash_after)]
+    c = Setup(ctx, srv, [*poisons, entry(good)])
     c.db.setup(("INSERT INTO inbox(id, body, stream_id) VALUES ('p-clash', %s, '0-1')",
-                (schema.canonical(ev("p-clash", "fig", 1)),)))
+                (schema.canonical(ev("p-clash", "fig", 1)),)),
+               ("INSERT INTO inbox(id, body, stream_id) VALUES ('p-clash2', %s, '0-2')",
+                (schema.canonical(ev("p-clash2", "fig", 9)),)))
 
     def poison(record: dict) -> Miss | None:
         miss = first_error(record)
@@ -159,11 +163,10 @@ def check_consume(ctx: StepContext) -> list[Case]:
             return miss
         dead = c.dead()
         found = [f.get("entry_id") for _i, f in dead]
-        if found != c.ids[:3]:
+        if found != c.ids[:len(poisons)]:
             return Miss(f"the dead-letter stream holds entries for {found}", "Each poison entry goes to "
                         "<stream>.dead, in order, with entry_id = its entry id.", clause="6.dead-letter")
-        for (_i, fields), original in zip(dead, ({"id": "p-1", "body": "not json"}, {"id": "p-2"}, entry(clash)),
-                                          strict=True):
+        for (_i, fields), original in zip(dead, poisons, strict=True):
             try:
                 raw = json.loads(fields.get("fields", ""))
             except ValueError:
@@ -171,21 +174,21 @@ def check_consume(ctx: StepContext) -> list[Case]:
             if raw != original or not fields.get("reason"):
                 return Miss(f"a dead letter holds {show(fields)}", "Dead letters carry fields = the entry's raw "
                             "fields as JSON, and a reason.", clause="6.dead-letter")
-        if c.pending() or c.stock() != {"fig": 1} or returned(record) != {"applied": 1, "duplicate": 0, "dead": 3}:
+        if c.pending() or c.stock() != {"fig": 1} or returned(record) != {"applied": 1, "duplicate": 0, "dead": 4}:
             return Miss(f"returned {show(returned(record))}; stock {c.stock()}; {len(c.pending())} pending",
                         "Dead letters are acknowledged too, and the good event is applied.", clause="6.dead-letter")
         acks = [h for h in record["observed"].get("hooks", []) if h["hook"] == "before_ack"]
         if [h["arg"] for h in acks] != c.ids:
             return Miss(f"before_ack was called for {[h['arg'] for h in acks]}", "before_ack runs before every "
                         "XACK, dead letters included.", clause="6.hooks")
-        for h in acks[:3]:
+        for h in acks[:len(poisons)]:
             if h["arg"] not in h.get("dead_for", []):
                 return Miss(f"before_ack('{h['arg']}') ran before that entry reached the dead-letter stream",
                             DEAD_HINT, clause="6.dead-before-ack")
         return None
 
-    add(Plan("poison entries", "consume(…) over a body that is not JSON, an entry without body, an id applied "
-             "with another body, and a good event", "3 dead-lettered with their raw fields and a reason, then "
+    add(Plan("poison entries", "consume(…) over a body that is not JSON, an entry without body, two ids applied "
+             "with another body (one sorting before, one after), and a good event", "4 dead-lettered with their raw fields and a reason, then "
              "acknowledged; the good one applied", poison, clauses=("6.dead-letter", "6.dead-before-ack")),
         c.spec("poison entries", hooks={"before_ack": {"look": "pending", "stream": c.key, "group": GROUP}}))
 

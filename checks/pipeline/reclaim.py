@@ -151,20 +151,20 @@ def check_reclaim(ctx: StepContext) -> list[Case]:
     specs.append(c.spec(plans[-1].name))
 
     d = Stream(ctx, srv)
-    d.deliver(150, "dead-c", idle=OLD, times=9, prefix="deadly")
+    d.deliver(250, "dead-c", idle=OLD, times=9, prefix="deadly")
 
     def all_dead(record: dict) -> Miss | None:
         miss = first_error(record)
         if miss is not None:
             return miss
         got, owners = returned(record), d.owners()
-        if owners or len(d.dead()) != 150 or not isinstance(got, dict) or got.get("dead") != 150:
+        if owners or len(d.dead()) != 250 or not isinstance(got, dict) or got.get("dead") != 250:
             return Miss(f"returned {show(got)}; {len(d.dead())} dead letters; {len(owners)} still pending",
                         "Follow XPENDING's range to its end (start after the last id of each page): " + COUNT_HINT)
         return None
 
-    plans.append(Plan("150 entries delivered too often", "reclaim(r, stream, 'g', 'c2', 30000, 5) with 150 idle "
-                      "entries delivered 9 times", "all 150 dead-lettered and acknowledged", all_dead,
+    plans.append(Plan("250 entries delivered too often", "reclaim(r, stream, 'g', 'c2', 30000, 5) with 250 idle "
+                      "entries delivered 9 times", "all 250 dead-lettered and acknowledged", all_dead,
                       clauses=("7.all-pages", "7.delivery-count")))
     specs.append(d.spec(plans[-1].name))
 
