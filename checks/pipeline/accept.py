@@ -33,11 +33,12 @@ BEGIN RAISE EXCEPTION 'the judge refuses this row'; END $$""",
            " WHEN (NEW.body LIKE '%\"sku\":\"refused-outbox\"%') EXECUTE FUNCTION judge_fail()",
            "CREATE TRIGGER judge_fail_orders BEFORE INSERT ON orders FOR EACH ROW"
            " WHEN (NEW.sku = 'refused-order') EXECUTE FUNCTION judge_fail()"]
-# In the race's database the first outbox insert of all is held, its transaction open, until
-# another session waits on a lock (at most 2 s): then the other racers have looked for the id and
-# either wait for this transaction (an insert that conflicts: right) or insert the order behind a
-# SELECT that saw nothing, to fail with a duplicate key when this one commits. As in step 1, the
-# hold ends on what the judge sees, not after a pause (0.2 s, as this was, on every insert).
+# In the race's database the first outbox row of all is held once inserted (AFTER: its key is in
+# the index, not committed) until another session waits on a lock (at most 2 s): then the other
+# racers have looked for the id and wait for this transaction, either in an insert that conflicts
+# (right) or in one behind a SELECT that saw nothing, to fail with a duplicate key when this one
+# commits. As in step 1, the hold ends on what the judge sees, not after a pause (0.2 s, as this
+# was, on every insert). A BEFORE trigger would hold the row before its key exists: nobody waits.
 HOLD_FIRST_INSERT = ["CREATE SEQUENCE judge_turn", """CREATE FUNCTION judge_hold_insert() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -47,7 +48,7 @@ BEGIN
     """ + UNTIL_ANOTHER_WAITS + """
   END IF;
   RETURN NEW;
-END $$""", "CREATE TRIGGER judge_hold_insert BEFORE INSERT ON outbox FOR EACH ROW EXECUTE FUNCTION judge_hold_insert()"]
+END $$""", "CREATE TRIGGER judge_hold_insert AFTER INSERT ON outbox FOR EACH ROW EXECUTE FUNCTION judge_hold_insert()"]
 
 
 EDGE_HINT = ("Lab 01's ranges include their ends: id 1-64 characters, sku 1-32, qty 1-1000, and '.', '_' or '-' "
