@@ -96,7 +96,8 @@ def check_accept(ctx: StepContext) -> list[Case]:
     new, same, other = ev("new-1"), ev("same-1", "pear", 2), ev("conf-1", "plum", 5)
     changed, below = dict(other, qty=6), dict(other, id="conf-2", qty=4)  # bodies sorting after and before
     invalid = [("qty is a bool", ev("bad-1", qty=True)), ("qty is 0", ev("bad-2", qty=0)),
-               ("an extra key", {**ev("bad-3"), "note": "x"}), ("id with a space", ev("bad 4")),
+               ("an extra key", {**ev("bad-3"), "note": "x"}), ("no qty", {"id": "bad-10", "sku": "apple"}),
+               ("id with a space", ev("bad 4")),
                ("not a dict", [("id", "bad-5")]), ("qty is 1001", ev("bad-6", qty=1001)),
                ("id has 65 characters", ev("b" * 65)), ("sku has 33 characters", ev("bad-7", "s" * 33)),
                ("id starts with '.'", ev(".bad-8")), ("sku is not ASCII", ev("bad-9", "p\u00e9ar"))]
