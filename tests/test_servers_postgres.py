@@ -167,7 +167,8 @@ def test_the_step_role_has_no_attribute_and_no_membership(server):
 
 
 def test_a_role_gets_its_settings_and_connection_limit_and_a_connection_past_it_is_refused(server):
-    db = postgres.fresh_database(server, unique("limits"), {"lock_timeout": "5s", "statement_timeout": "20s"}, 1)
+    settings = {"lock_timeout": "5s", "statement_timeout": "20s"}
+    db = postgres.fresh_database(server, unique("limits"), settings, 1)
     with connect(db.dsn) as con:
         assert con.execute("SHOW lock_timeout").fetchone() == ("5s",)
         assert con.execute("SHOW statement_timeout").fetchone() == ("20s",)

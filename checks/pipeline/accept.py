@@ -114,8 +114,8 @@ def check_accept(ctx: StepContext) -> list[Case]:
              both(under("2.conflict", raises("Conflict", "Compare the stored body with this one: different → "
                                                          "raise Conflict.")), holds(other, "2.conflict")),
              clauses=("2.conflict",)),
-        Plan("the same id, a new body that sorts before the stored one", f"accept {show(dict(below, qty=5))}, then qty 4",
-             "Conflict; nothing changed",
+        Plan("the same id, a new body that sorts before the stored one",
+             f"accept {show(dict(below, qty=5))}, then qty 4", "Conflict; nothing changed",
              both(under("2.conflict", raises("Conflict", "Compare the stored body with this one for equality: "
                                                          "different → raise Conflict, whichever sorts first.")),
                   holds(dict(below, qty=5), "2.conflict")), clauses=("2.conflict",)),

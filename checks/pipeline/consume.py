@@ -188,8 +188,8 @@ def check_consume(ctx: StepContext) -> list[Case]:
         return None
 
     add(Plan("poison entries", "consume(…) over a body that is not JSON, an entry without body, two ids applied "
-             "with another body (one sorting before, one after), and a good event", "4 dead-lettered with their raw fields and a reason, then "
-             "acknowledged; the good one applied", poison, clauses=("6.dead-letter", "6.dead-before-ack")),
+             "with another body (one sorting before, one after), and a good event", "4 dead-lettered with their "
+             "raw fields and a reason, then acknowledged; the good one applied", poison, clauses=("6.dead-letter", "6.dead-before-ack")),
         c.spec("poison entries", hooks={"before_ack": {"look": "pending", "stream": c.key, "group": GROUP}}))
 
     # The dead-letter stream refuses (its key holds a string): the poison must stay pending.
