@@ -164,7 +164,7 @@ SIBLING_FIRST = {
 
 
 # Measured over the whole catalogue (seed 1, the promised step): 309 of 337 files of labs 01-03
-# meet every rule below; these 28 do not yet, nor 4 of lab 04's 58 (more than K rows, a first row
+# meet every rule below; these 28 do not yet, nor 5 of lab 04's 60 (more than K rows, a first row
 # about a neighbouring clause, or one "does not call for" hint on an expected error). Each is a strict xfail: when the grouping
 # gets one right, its test fails until it is taken off this list.
 KNOWN_MISSES = {
@@ -182,6 +182,9 @@ KNOWN_MISSES = {
     # ways the grouping does not yet fold (a wrong body is also a wrong comparison; an ACK before
     # the commit fails the hook, dead-letter and failure cases; a save before XADD fails all four).
     "pipeline:accept_body_not_canonical",
+    # an accept without validation fails the invalid events four ways (True, a type error, a
+    # KeyError for the event without qty, a list index error), and shapes of `got` do not fold
+    "pipeline:accept_skips_validation",
     "pipeline:claim_without_for_update",
     "pipeline:consume_acks_before_commit",
     "pipeline:publish_saves_before_xadd",
