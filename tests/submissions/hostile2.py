@@ -329,7 +329,7 @@ MEMORY = TRY + """
 def _hog():
     hog = []
     while len(hog) < 64:
-        hog.append(bytearray(2**28))
+        hog.append(__import__('mmap').mmap(-1, 2**28) if hog else bytearray(2**28))
     return f'{len(hog) * 256} MB allocated, no cap'
 _t('memory', _hog)
 def _shm_fill():
@@ -342,13 +342,11 @@ import os as _os
 _t('rm', lambda: _os.unlink('/dev/shm/fill'))
 """
 
-# Only the first 256 MB are touched; the rest is reserved, never touched, so the address-space limit
-# refuses it at once. Touching ~1 GB took over the 5 s cell time in the kernel under CI's load, and
-# ~0.6 s of CPU in every case's process of the judge's child (both seen); the corpus's `hog` and
-# tests/test_sandbox.py already touch memory up to the limits.
-MEMORY = MEMORY.replace("hog.append(bytearray(2**28))",
-                        "hog.append(__import__('mmap').mmap(-1, 2**28) if hog else bytearray(2**28))")
-# In the judge's child nothing is touched: one case's process runs it per case.
+# MEMORY touches only its first 256 MB; the rest is reserved, never touched, so the address-space
+# limit refuses it at once. Touching ~1 GB took over the 5 s cell time in the kernel under CI's load,
+# and ~0.6 s of CPU in every case's process of the judge's child (both seen); the corpus's `hog` and
+# tests/test_sandbox.py already touch memory up to the limits. In the judge's child nothing is
+# touched: one case's process runs it per case.
 CHILD_MEMORY = MEMORY.replace(" if hog else bytearray(2**28)", "")
 
 DISK = TRY + """
