@@ -40,6 +40,7 @@ class Manifest:
     steps: tuple[Step, ...]
     checks: str = "lab"  # the package's module that holds LAB
     probes: tuple[str, ...] = ("probes",)  # child-side modules: the only ones a child can read
+    preload: tuple[str, ...] = ()  # what a child imports before its request (the student's heavy imports)
     quiz: str | None = None  # the package's module that holds QUIZ
     when_done: str = "Every step passed. This notebook has no quiz: go on to the next notebook."
 
@@ -69,8 +70,9 @@ def read(folder: Path, package: str) -> Manifest:
         steps = tuple(Step(s["step"], s["title"], int(s["points"]), tuple(s.get("requires", ())))
                       for s in data["steps"])
         fields = {k: data[k] for k in ("checks", "quiz", "when_done") if k in data}
-        if "probes" in data:
-            fields["probes"] = tuple(data["probes"])
+        for key in ("probes", "preload"):
+            if key in data:
+                fields[key] = tuple(data[key])
         return Manifest(data["name"], package, folder, data["module_file"], steps, **fields)
     except (KeyError, TypeError, ValueError) as exc:
         raise ManifestError(f"{folder / 'manifest.toml'}: {exc!r}") from None

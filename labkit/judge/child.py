@@ -10,6 +10,7 @@ wall-clock limit, then kills the whole process group and anything that escaped i
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import selectors
@@ -138,6 +139,73 @@ def spawn(module: Path, *, workdir: Path, env: dict[str, str], pass_fds: tuple[i
     )
 
 
+@dataclass
+class Started:
+    """A judged child spawned before its request: its interpreter, labkit and the lab's heavy
+    imports (`PRELOAD`) load while the judge still prepares the step (servers, databases, files).
+    The request decides what it then does: one probe (`run_child`) or a session (`child_session`).
+    Whoever takes it owns it; `close` ends one that nobody took."""
+
+    module: Path
+    workdir: Path
+    marker: str
+    proc: subprocess.Popen
+    result_r: int  # the judge's ends of the private pipes
+    request_w: int
+    io_dir: Path  # the student's stdout and stderr, capped when read
+    closed: bool = False
+
+    def ready(self) -> None:
+        """What the judge made in the child's folder since it started becomes the child's (as a
+        box's folder is when it opens): called before the request, before any student code runs."""
+        hand_over = getattr(self.proc, "hand_over", None)
+        if hand_over is not None:
+            hand_over()
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        for fd in (self.result_r, self.request_w):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        try:
+            _kill(self.proc, self.marker)
+        finally:
+            shutil.rmtree(self.io_dir, ignore_errors=True)
+
+
+# The modules a child imports before it reads its request (a lab's manifest, `preload`): a
+# comma-separated list of top-level names. What the student's module then imports is there.
+PRELOAD = "LABKIT_PRELOAD"
+
+
+def start(module: Path, *, workdir: Path, marker: str, env: dict[str, str] | None = None,
+          preload: tuple[str, ...] = ()) -> Started:
+    """Spawn a child for `module` that waits for its request (`run_child` or `child_session`
+    sends it): both private pipes, the student's output to files of its own."""
+    io_dir = Path(tempfile.mkdtemp(prefix="labkit-io-"))
+    result_r, result_w = os.pipe()
+    request_r, request_w = os.pipe()
+    ours, theirs = (result_r, request_w), (result_w, request_r)
+    extra = {"LABKIT_RESULT_FD": str(result_w), "LABKIT_REQUEST_FD": str(request_r)}
+    if preload:
+        extra[PRELOAD] = ",".join(preload)
+    try:
+        with open(io_dir / "stdout", "wb") as out, open(io_dir / "stderr", "wb") as err:
+            proc = spawn(module, workdir=workdir, stdout=out, stderr=err, pass_fds=theirs,
+                         env=child_env(marker, {**extra, **(env or {})}))
+    except BaseException:
+        for fd in ours:
+            os.close(fd)
+        shutil.rmtree(io_dir, ignore_errors=True)
+        raise
+    finally:
+        for fd in theirs:
+            os.close(fd)
+    return Started(module, workdir, marker, proc, result_r, request_w, io_dir)
+
+
 def _start_request(module: Path, module_name: str, probe: str, args: dict) -> bytes:
     return json.dumps({"module": str(module), "module_name": module_name, "probe": probe,
                        "args": args}).encode()
@@ -207,13 +275,17 @@ def died(exit_code: int | None, memory_limit: bool) -> dict:
 
 
 def _kill(proc: subprocess.Popen, marker: str) -> None:
-    """End the child's whole group and anything marked that escaped it; reap the child."""
+    """End the child's whole group and anything marked that escaped it; reap the child, and
+    what it forked that re-parented to us once it died (a zombie's marker can no longer be
+    read, so they are listed while they live)."""
+    forked = set(reaper.marked_pids(marker)) - {proc.pid}
     reaper.kill_group(proc.pid)
     try:  # reap our own child first, so Popen (not the reaper) records its status
         proc.wait(timeout=KILL_GRACE)
     except subprocess.TimeoutExpired:
         pass
     reaper.kill_marked(marker)
+    reaper.collect(forked, time.monotonic() + KILL_GRACE, parents=frozenset({proc.pid}))
 
 
 def run_child(
@@ -226,17 +298,19 @@ def run_child(
     marker: str | None = None,
     module_name: str = "worker",
     env: dict[str, str] | None = None,
+    started: Started | None = None,
 ) -> ChildRun:
-    """Run `probe` (module:function) in a fresh interpreter with the student's module loaded.
+    """Run `probe` (module:function) in a fresh interpreter with the student's module loaded
+    (`started`: one already booting, from `start`, used for the first try).
 
     A child that ends before it reaches the student's module ran only the course's code, so it
     is started once more, within what is left of `timeout`: seen in CI on a loaded machine,
     several children of one step at once, and never the student's doing.
     """
-    marker = marker or reaper.new_marker()
+    marker = started.marker if started is not None else marker or reaper.new_marker()
     deadline = time.monotonic() + timeout
     run = _run_child_once(module, probe, args, workdir=workdir, timeout=timeout, marker=marker,
-                          module_name=module_name, env=env)
+                          module_name=module_name, env=env, started=started)
     if run.failed_to_start and deadline - time.monotonic() > 1.0:
         first = run
         run = _run_child_once(module, probe, args, workdir=workdir, timeout=deadline - time.monotonic(),
@@ -258,40 +332,37 @@ def last_line(text: str) -> str:
 
 
 def _run_child_once(module: Path, probe: str, args: dict, *, workdir: Path, timeout: float, marker: str,
-                    module_name: str, env: dict[str, str] | None) -> ChildRun:
+                    module_name: str, env: dict[str, str] | None, started: Started | None = None) -> ChildRun:
     request = _start_request(module, module_name, probe, args)
-    read_fd, write_fd = os.pipe()
+    if started is None:
+        started = start(module, workdir=workdir, marker=marker, env=env)
     run = ChildRun(started_at=time.time())
-    started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="labkit-io-") as io_dir:
-        out_path, err_path = Path(io_dir, "stdout"), Path(io_dir, "stderr")
-        with open(out_path, "wb") as out, open(err_path, "wb") as err:
-            try:
-                proc = spawn(module, workdir=workdir, stdout=out, stderr=err, pass_fds=(write_fd,),
-                             env=child_env(marker, {"LABKIT_RESULT_FD": str(write_fd), **(env or {})}))
-            except BaseException:
-                os.close(read_fd)
-                raise
-            finally:
-                os.close(write_fd)
-            try:
-                _send_request(proc, request)
-                budget = Budget(proc.pid, timeout, started)
-                data = _collect(read_fd, proc, budget)
-                try:  # EOF on the pipe comes a moment before the exit status is ready
-                    proc.wait(timeout=max(0.0, budget.deadline() - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    pass
-                run.timed_out = proc.poll() is None
-            finally:
-                os.close(read_fd)
-                _kill(proc, marker)
-        run.exit_code = proc.returncode
-        run.memory_limit = hit_memory_limit(proc)
-        run.ended_at = time.time()
-        run.seconds = time.monotonic() - started
-        run.stdout = _read_capped(out_path)
-        run.stderr = _read_capped(err_path)
+    begun = time.monotonic()
+    proc = started.proc
+    data = b""
+    try:
+        os.close(started.request_w)  # a one-shot child reads its request on stdin only: EOF here
+        started.ready()
+        _send_request(proc, request)
+        budget = Budget(proc.pid, timeout, begun)
+        data = _collect(started.result_r, proc, budget)
+        try:  # EOF on the pipe comes a moment before the exit status is ready
+            proc.wait(timeout=max(0.0, budget.deadline() - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+        run.timed_out = proc.poll() is None
+    finally:
+        os.close(started.result_r)
+        try:
+            _kill(proc, started.marker)
+        finally:
+            run.exit_code = proc.returncode
+            run.memory_limit = hit_memory_limit(proc)
+            run.ended_at = time.time()
+            run.seconds = time.monotonic() - begun
+            run.stdout = _read_capped(started.io_dir / "stdout")
+            run.stderr = _read_capped(started.io_dir / "stderr")
+            shutil.rmtree(started.io_dir, ignore_errors=True)
     run.records = _parse(data)
     return run
 
@@ -565,6 +636,7 @@ def child_session(
     env: dict[str, str] | None = None,
     probe: str = "labkit.probe:serve",
     args: dict | None = None,
+    started: Started | None = None,
 ) -> Iterator[ChildSession]:
     """A child that stays up and answers `session.call(request)` one at a time.
 
@@ -576,28 +648,16 @@ def child_session(
     request pipe), the student's stdout/stderr captured and capped, resource limits applied
     in the child, every wait bounded (`timeout` for the import, each call its own), and on
     every path out of the block the whole process group and every marked escapee killed.
+    `started`: a child already booting (`start`), used instead of a new one.
     """
-    marker = marker or reaper.new_marker()
-    io_dir = Path(tempfile.mkdtemp(prefix="labkit-io-"))
-    result_r, result_w = os.pipe()
-    request_r, request_w = os.pipe()
-    ours, theirs = (result_r, request_w), (result_w, request_r)
+    marker = started.marker if started is not None else marker or reaper.new_marker()
+    if started is None:
+        started = start(module, workdir=workdir, marker=marker, env=env)
+    session = ChildSession(started.proc, marker, started.result_r, started.request_w, started.io_dir,
+                           ChildRun(started_at=time.time()))
     try:
-        with open(io_dir / "stdout", "wb") as out, open(io_dir / "stderr", "wb") as err:
-            proc = spawn(module, workdir=workdir, stdout=out, stderr=err, pass_fds=theirs,
-                         env=child_env(marker, {"LABKIT_RESULT_FD": str(result_w),
-                                                "LABKIT_REQUEST_FD": str(request_r), **(env or {})}))
-    except BaseException:
-        for fd in ours:
-            os.close(fd)
-        shutil.rmtree(io_dir, ignore_errors=True)
-        raise
-    finally:
-        for fd in theirs:
-            os.close(fd)
-    session = ChildSession(proc, marker, result_r, request_w, io_dir, ChildRun(started_at=time.time()))
-    try:
-        _send_request(proc, _start_request(module, module_name, probe, args or {}))
+        started.ready()
+        _send_request(started.proc, _start_request(module, module_name, probe, args or {}))
         session.wait_imported(timeout)
         yield session
     finally:

@@ -152,7 +152,7 @@ def differential(
     budget = {"calls": 0, "limit": examples + shrink_calls, "cpu": 0.0, "wall": 0.0, "deadline": 0.0}
 
     with child_session(ctx.solution, workdir=ctx.workdir, timeout=ctx.timeout, marker=ctx.marker(),
-                       module_name=ctx.lab.module_name) as session:
+                       started=ctx.take_early(), module_name=ctx.lab.module_name) as session:
 
         def answer(args: tuple) -> Finding | None:
             encoded = [encode(a) for a in args]

@@ -14,6 +14,7 @@ import random
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -23,7 +24,7 @@ from typing import Any
 
 from labkit import labs
 from labkit.judge import expect
-from labkit.judge.child import ChildRun, run_child
+from labkit.judge.child import ChildRun, Started, run_child, start
 from labkit.judge.contract import Clause
 from labkit.judge.verdict import Case, Evidence, LabVerdict, Outcome, StepVerdict
 from labkit.limits import step_timeout
@@ -50,6 +51,7 @@ class LabSpec:
     # factory entered once around every step of `run_lab`, left on every path; its value is
     # each step's `ctx.shared`.
     session: Callable[[], Any] | None = None
+    preload: tuple[str, ...] = ()  # what a child imports before its request (the manifest's)
 
     def step(self, number: int | str) -> StepSpec:
         for spec in self.steps:
@@ -87,7 +89,8 @@ def lab_spec(package: str, runs: Mapping[int | str, Callable], contract: tuple =
     steps = [StepSpec(s.step, s.title, s.points, by_name[str(s.step)], requires=s.requires) for s in lab.steps]
     # A lab without probes of its own calls its functions through labkit's generic ones.
     probes = lab.module(lab.probes[0]) if lab.probes else "labkit.probe"
-    return LabSpec(lab.name, lab.module_name, probes, steps, contract=contract, session=session)
+    return LabSpec(lab.name, lab.module_name, probes, steps, contract=contract, session=session,
+                   preload=lab.preload)
 
 
 @dataclass
@@ -105,14 +108,44 @@ class StepContext:
     step: int | str = ""  # the step this context runs (seeds what is derived per step)
     folders: list[Path] = field(default_factory=list)  # made by `apart`, removed with the step's
     shared: Any = None  # what the lab's `session` gave this judge run (None without one)
+    early: Started | None = None  # the step's first child, started with the step (`start_early`)
+    _taking: threading.Lock = field(default_factory=threading.Lock, repr=False)  # children start side by side
+    started_apart: list[StepContext] = field(default_factory=list)  # `apart(early=True)` ones, shared
 
-    def apart(self, name: str) -> StepContext:
+    def start_early(self) -> None:
+        """Start the step's first child now: it boots while the check prepares its servers and
+        files, and the check's first `child`, `cases` or session in this folder takes it."""
+        self.early = start(self.solution, workdir=self.workdir, marker=self.marker(), preload=self.lab.preload)
+
+    def take_early(self, env: dict[str, str] | None = None) -> Started | None:
+        """The early child, once, for a child with no environment of its own; else None."""
+        with self._taking:
+            early, self.early = self.early, None
+        if early is not None and env:
+            early.close()  # its environment was fixed when it started
+            return None
+        return early
+
+    def end_early(self) -> None:
+        """Close every early child nobody took (this context's and its `apart` ones')."""
+        for ctx in [self, *self.started_apart]:
+            early = ctx.take_early()
+            if early is not None:
+                early.close()
+
+    def apart(self, name: str, early: bool = False) -> StepContext:
         """A context for children run side by side with this step's others: a work folder of its
         own (neither run can touch the other's files) and a random stream of its own (what each
-        draws does not depend on which thread came first). Markers, evidence and clean-up are shared."""
+        draws does not depend on which thread came first). Markers, evidence and clean-up are shared.
+        `early`: its first child starts now (`start_early`); the step's end closes it if unused."""
         workdir = Path(tempfile.mkdtemp(prefix=f"labkit-{name}-"))
         self.folders.append(workdir)
-        return dataclasses.replace(self, workdir=workdir, rng=random.Random(f"{self.seed}:{self.step}:{name}"))
+        apart = dataclasses.replace(self, workdir=workdir, rng=random.Random(f"{self.seed}:{self.step}:{name}"),
+                                    early=None, _taking=threading.Lock())
+        if early:
+            apart.start_early()
+            self.started_apart.append(apart)
+        return apart
 
     def marker(self) -> str:
         """A fresh run marker for a process this step starts; killed when the step ends."""
@@ -123,10 +156,10 @@ class StepContext:
     def child(self, probe: str, args: dict, *, timeout: float | None = None,
               env: dict[str, str] | None = None, probes: str | None = None) -> ChildRun:
         """Run `probe` from the lab's probes module (or `probes`) in a fresh child."""
-        marker = self.marker()
+        started = self.take_early(env)
         return run_child(self.solution, f"{probes or self.lab.probes}:{probe}", args, workdir=self.workdir,
-                         timeout=timeout or self.timeout, marker=marker,
-                         module_name=self.lab.module_name, env=env)
+                         timeout=timeout or self.timeout, marker=started.marker if started else self.marker(),
+                         module_name=self.lab.module_name, env=env, started=started)
 
     def cases(self, probe: str, plans: list[expect.Plan], args: dict | None = None,
               env: dict[str, str] | None = None, probes: str | None = None) -> list[Case]:
@@ -157,6 +190,14 @@ def together(calls: Sequence[Callable[[], Any]]) -> list[Any]:
         return [future.result() for future in futures]
 
 
+@contextlib.contextmanager
+def beside(call: Callable[[], Any]):
+    """`call` in a thread of its own while the block runs (a race beside a step's batch, from
+    the step's first moment): yields its future; leaving the block waits for it on every path."""
+    with ThreadPoolExecutor(1) as pool:
+        yield pool.submit(call)
+
+
 def slices(count: int, size: int) -> list[slice]:
     """`count` items cut into runs of at most `size`, as even as possible: one child per run, so a
     long step keeps on a busy machine the margin a short one has (each child gets the step's
@@ -174,11 +215,13 @@ def _run_step(lab: LabSpec, spec: StepSpec, solution: Path, seed: int, timeout: 
                       shared=shared)
     verdict = StepVerdict(spec.step, spec.title, spec.points)
     try:
+        ctx.start_early()
         verdict.cases = spec.run(ctx)
     except Exception as exc:  # a bug in a check must still give a verdict, not a traceback
         verdict.cases = [Case("check", Outcome.RAISED, got=f"the checker itself failed: {exc!r}",
                               hint="This is a bug in the course, not in your code: please report it.")]
     finally:
+        ctx.end_early()
         for marker in ctx.markers:
             reaper.kill_marked(marker)
         for folder in [workdir, *ctx.folders]:

@@ -96,6 +96,7 @@ class Box:
     _usage: cgroups.Usage = field(default_factory=cgroups.Usage)
     _killed: int = 0
     active: bool = True
+    chowns: bool = False  # its writable folders are handed to its uid (`hand_over_writable`)
     # Set by the launcher (`launcher.py`): writable paths bound from a directory fd the judge
     # sent (inside path → fd), and the judge's network and pid namespaces to start the box in.
     bound_fds: dict[str, int] = field(default_factory=dict)
@@ -118,12 +119,19 @@ class Box:
         # bwrap's first process inside can outlive bwrap; it must re-parent to us to be collected.
         reaper.become_subreaper()
         box = cls(policy)
-        if policy.drops_privileges and chown_writable:
-            for path in policy.writable:
-                hand_over(Path(path), policy.uid, policy.gid)
+        box.chowns = policy.drops_privileges and chown_writable
+        box.hand_over_writable()
         if hierarchy is not None and (policy.memory_bytes or policy.max_processes):
             box.group = cgroups.Group.create(hierarchy, policy.memory_bytes, policy.max_processes)
         return box
+
+    def hand_over_writable(self) -> None:
+        """Give the policy's writable folders, and what the judge put there, to the box's uid:
+        when the box opens, and again for a program started before the judge made its files
+        (`BoxedPopen.hand_over`, before the program runs anything of the student's)."""
+        if self.chowns:
+            for path in self.policy.writable:
+                hand_over(Path(path), self.policy.uid, self.policy.gid)
 
     def command(self, argv: list[str]) -> list[str]:
         """The wrapped command line; pass `pass_fds` to Popen, then call `started()`.
@@ -367,6 +375,9 @@ class BoxedPopen(subprocess.Popen):
     @returncode.setter
     def returncode(self, value: int | None) -> None:
         self.__dict__["_raw_returncode"] = value
+
+    def hand_over(self) -> None:
+        self._box.hand_over_writable()
 
     def _ended(self) -> None:
         if self.__dict__.get("_raw_returncode") is not None and self.sandbox_report is None:
