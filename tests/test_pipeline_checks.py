@@ -185,3 +185,21 @@ def test_the_judges_kept_connection_survives_a_restart_and_closes_with_the_serve
         assert first.closed and db._look is not first
         kept = db._look
     assert kept.closed
+
+
+@pytest.mark.parametrize("ending, said", [("os._exit(7)", "exit code 7"), ("os.kill(os.getpid(), 9)", "SIGKILL")])
+def test_a_racer_that_dies_is_read_as_a_lone_child_would_be(lab, tmp_path, ending, said):
+    """The racers are forked from one child (`probes.race`): one that dies in the student's code
+    ends that child the same way, and the race's case says how, as it would of its own process."""
+    source = REFERENCE.read_text()
+    head = "def accept(conn, event):\n"
+    assert source.count(head) == 1
+    module = tmp_path / "pipeline.py"
+    module.write_text(source.replace(head, head + "    if isinstance(event, dict) and event.get('id') == 'race-1':\n"
+                                             f"        import os\n        {ending}\n"))
+    step = run_lab(lab, module, steps=["2"], seed=SEED).steps[0]
+    raced = [c for c in step.cases if "processes accept one id at once" in c.name]
+    assert len(raced) == 1 and raced[0].outcome is Outcome.DIED, raced
+    assert said in raced[0].got, raced[0].got
+    others = [c for c in step.cases if c is not raced[0]]
+    assert all(c.passed for c in others), [c.name for c in others if not c.passed]

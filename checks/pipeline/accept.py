@@ -11,13 +11,14 @@ from checks.pipeline.common import (
     outcomes,
     query,
     race,
+    racing,
     raised_with,
     returned,
     run,
     servers,
 )
 from labkit.judge.expect import Miss, Plan, both, raises, returns, under
-from labkit.judge.run import StepContext, together
+from labkit.judge.run import StepContext, beside
 from labkit.judge.verdict import Case
 from labkit.values import show
 
@@ -60,6 +61,14 @@ def ev(id_, sku="apple", qty=3) -> dict:
 
 
 def check_accept(ctx: StepContext) -> list[Case]:
+    # the race in a child of its own beside the batch, from the step's first moment: its database
+    # and process start while the batch's cases are prepared
+    with beside(lambda: check_race(ctx)) as raced:
+        cases = accept_batch(ctx)
+    return cases + raced.result()
+
+
+def accept_batch(ctx: StepContext) -> list[Case]:
     srv = servers(ctx)
     db = srv.database(ctx.step)
     schema.create(db)
@@ -149,15 +158,14 @@ def check_accept(ctx: StepContext) -> list[Case]:
         specs.append({"name": plans[-1].name, "ops": [call("accept", "$conn", event)]})
     for spec in specs:
         spec["dsn"] = db.dsn(ctx.workdir)
-    # the race in its own children beside the batch: neither waits for the other's process starts
-    cases, raced = together([lambda: run(ctx, plans, specs), lambda: check_race(ctx)])
-    return cases + raced
+    return run(ctx, plans, specs)
 
 
 RACERS = 3
 
 
 def check_race(ctx: StepContext) -> list[Case]:
+    where = racing(ctx)  # its child starts while the database is made
     srv = servers(ctx)
     db = srv.database(ctx.step)
     schema.create(db)
@@ -179,4 +187,4 @@ def check_race(ctx: StepContext) -> list[Case]:
     return race(ctx, db, f"{RACERS} processes accept one id at once", f"accept(conn, {show(event)}) in {RACERS} "
                 "processes at the same moment", "one True, the others False (or Conflict); never an error; one "
                 "order, one outbox row", ("2.concurrent-accept",), RACERS,
-                lambda i: [call("accept", "$conn", event)], one_true)
+                lambda i: [call("accept", "$conn", event)], one_true, where)

@@ -14,13 +14,14 @@ from checks.pipeline.common import (
     outcomes,
     query,
     race,
+    racing,
     returned,
     run,
     servers,
 )
 from checks.pipeline.servers import Db
 from labkit.judge.expect import Miss, Plan, describe, raises
-from labkit.judge.run import StepContext, together
+from labkit.judge.run import StepContext, beside
 from labkit.judge.verdict import Case
 from labkit.values import show
 
@@ -68,6 +69,14 @@ BAD = [("owner is empty", ("", 1, 5)), ("owner has 65 characters", ("o" * 65, 1,
 
 
 def check_claim(ctx: StepContext) -> list[Case]:
+    # the race in a child of its own beside the batch, from the step's first moment: its database
+    # and process start while the batch's cases are prepared
+    with beside(lambda: check_claim_race(ctx)) as raced:
+        cases = claim_batch(ctx)
+    return cases + raced.result()
+
+
+def claim_batch(ctx: StepContext) -> list[Case]:
     srv = servers(ctx)
     plans, specs = [], []
 
@@ -233,17 +242,17 @@ def check_claim(ctx: StepContext) -> list[Case]:
                       "transaction holds row 1 FOR UPDATE", "rows 2 and 3 at once, without waiting for row 1",
                       skipped, clauses=("3.skip-locked",)))
     specs.append({"name": plans[-1].name, "dsn": locked.dsn(ctx.workdir), "ops": [call("claim", "$conn", "pub-4", 16, 5)]})
-    try:  # the race in its own children beside the batch: neither waits for the other's process starts
-        cases, raced = together([lambda: run(ctx, plans, specs), lambda: check_claim_race(ctx)])
+    try:
+        return run(ctx, plans, specs)
     finally:
         judge.close()
-    return cases + raced
 
 
 RACERS, ROWS, LIMIT = 3, 9, 2
 
 
 def check_claim_race(ctx: StepContext) -> list[Case]:
+    where = racing(ctx)  # its child starts while the database is made
     srv = servers(ctx)
     db = srv.database(ctx.step)
     fill(db, ROWS)
@@ -269,4 +278,4 @@ def check_claim_race(ctx: StepContext) -> list[Case]:
     return race(ctx, db, f"{RACERS} publishers claim at once", f"claim(conn, 'racer-N', {LIMIT}, 30) in {RACERS} "
                 "processes at the same moment", f"{RACERS * LIMIT} different rows, each with its own fence",
                 ("3.for-update", "3.sequence-fence"), RACERS,
-                lambda i: [call("claim", "$conn", f"racer-{i + 1}", LIMIT, 30)], one_owner)
+                lambda i: [call("claim", "$conn", f"racer-{i + 1}", LIMIT, 30)], one_owner, where)

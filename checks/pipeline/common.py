@@ -3,6 +3,7 @@ start at one moment, and the judge's own looks at the database and the stream.""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 
@@ -51,25 +52,35 @@ def run(ctx: StepContext, plans: list[Plan], specs: list[dict]) -> list[Case]:
     return ctx.cases("script", plans, {"cases": specs})
 
 
+def racing(ctx: StepContext) -> StepContext:
+    """Where a race runs: a folder of its own and its child started now, so the interpreter and
+    the student's module load while the judge prepares the race's database."""
+    return ctx.apart("race", early=True)
+
+
 def race(ctx: StepContext, db: Db, name: str, called: str, expected: str, clauses: tuple[str, ...], count: int,
-         ops: Callable[[int], list[dict]], verdict: Callable[[list[dict]], Miss | None]) -> list[Case]:
-    """ONE case: `count` racers, each in its own child and folder, wait at a barrier (an advisory
-    lock the judge holds) and go at once when the last one arrived; `verdict(records)` judges what
-    they all did. Which racer wins is the scheduler's choice, so no case is about one racer."""
+         ops: Callable[[int], list[dict]], verdict: Callable[[list[dict]], Miss | None],
+         where: StepContext | None = None) -> list[Case]:
+    """ONE case: `count` racers, each in its own process (forked from one child that imported the
+    module: `probes.race`), wait at a barrier (an advisory lock the judge holds) and go at once
+    when the last one arrived; `verdict(records)` judges what they all did. Which racer wins is
+    the scheduler's choice, so no case is about one racer. `where`: a `racing` context."""
+    where = where or racing(ctx)
     records: list[dict] = []
 
     def keep(record: dict) -> Miss | None:
         records.append(record)
         return None
 
+    labels = [f"{name} ({i + 1})" for i in range(count)]
     with db.judge() as judge:
         judge.execute("SELECT pg_advisory_lock(%s, %s)", BARRIER)
-        ended: list[int] = []  # racers whose child has ended (one that never loads never arrives)
+        ended = threading.Event()  # the racers' child has ended (one that never loads never arrives)
 
         def release() -> None:
             deadline = time.monotonic() + BARRIER_WAIT
             try:
-                while time.monotonic() < deadline and len(ended) < count:
+                while time.monotonic() < deadline and not ended.is_set():
                     waiting = judge.execute(
                         "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
                         " AND classid = %s AND objid = %s AND database = (SELECT oid FROM pg_database"
@@ -80,18 +91,16 @@ def race(ctx: StepContext, db: Db, name: str, called: str, expected: str, clause
             finally:
                 judge.execute("SELECT pg_advisory_unlock(%s, %s)", BARRIER)
 
-        def racer(i: int) -> list[Case]:
-            apart = ctx.apart(f"racer{i}")
-            label = f"{name} ({i + 1})"
+        def racers() -> list[Case]:
+            dsn = db.dsn(where.workdir)
             try:
-                return apart.cases("script", [Plan(label, called, expected, keep, clauses=clauses)],
-                                   {"cases": [{"name": label, "dsn": db.dsn(apart.workdir),
-                                               "ops": [{"barrier": True}, *ops(i)]}]})
+                return where.cases("race", [Plan(label, called, expected, keep, clauses=clauses) for label in labels],
+                                   {"cases": [{"name": label, "dsn": dsn, "ops": [{"barrier": True}, *ops(i)]}
+                                              for i, label in enumerate(labels)]})
             finally:
-                ended.append(i)
+                ended.set()
 
-        results = together([release, *[lambda i=i: racer(i) for i in range(count)]])
-    cases = [case for found in results[1:] for case in found]
+        _, cases = together([release, racers])
     unfinished = sorted((c for c in cases if c.outcome is not Outcome.PASSED), key=lambda c: (str(c.outcome), c.got))
     if unfinished:  # the skeleton, a hang, a death: as any case says it
         first = unfinished[0]

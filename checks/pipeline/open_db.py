@@ -12,11 +12,12 @@ from checks.pipeline.common import (
     one,
     outcomes,
     race,
+    racing,
     run,
     servers,
 )
 from labkit.judge.expect import Miss, Plan, describe
-from labkit.judge.run import StepContext, together
+from labkit.judge.run import StepContext, beside
 from labkit.judge.verdict import Case
 
 LOCK_HINT = ("Two processes ran `CREATE TABLE IF NOT EXISTS` at the same moment and one failed in PostgreSQL's "
@@ -70,6 +71,14 @@ def is_connection(record: dict) -> Miss | None:
 
 
 def check_open(ctx: StepContext) -> list[Case]:
+    # the race in a child of its own beside the batch, from the step's first moment: its database
+    # and process start while the batch's cases are prepared
+    with beside(lambda: check_concurrent_open(ctx)) as raced:
+        cases = open_batch(ctx)
+    return cases + raced.result()
+
+
+def open_batch(ctx: StepContext) -> list[Case]:
     srv = servers(ctx)
     new, idle, kept, locked, cut = (srv.database(ctx.step) for _ in range(5))
     schema.create(kept)
@@ -156,12 +165,11 @@ def check_open(ctx: StepContext) -> list[Case]:
         {"name": plans[4].name, "dsn": cut.dsn(ctx.workdir),
          "ops": [call("open_db", "$dsn", keep_error=True, interrupt_at=2)]},
     ]
-    # the race in its own children beside the batch: neither waits for the other's process starts
-    cases, raced = together([lambda: run(ctx, plans, specs), lambda: check_concurrent_open(ctx)])
-    return cases + raced
+    return run(ctx, plans, specs)
 
 
 def check_concurrent_open(ctx: StepContext) -> list[Case]:
+    where = racing(ctx)  # its child starts while the database is made
     srv = servers(ctx)
     db = srv.database(ctx.step)
     db.setup(*SLOW_DDL)
@@ -178,4 +186,4 @@ def check_concurrent_open(ctx: StepContext) -> list[Case]:
 
     return race(ctx, db, "two processes open one new database at once", "open_db(dsn) in two processes at the "
                 "same moment", "both get a connection, the schema is created once", ("1.concurrent-open",), 2,
-                lambda i: [call("open_db", "$dsn", keep="db")], both_open)
+                lambda i: [call("open_db", "$dsn", keep="db")], both_open, where)
