@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from labkit import labs  # noqa: E402
+from labkit.judge.ahead import SessionsAhead  # noqa: E402
 from labkit.judge.child import run_child  # noqa: E402
 from labkit.judge.run import LabSpec, run_lab  # noqa: E402
 from labkit.limits import step_timeout  # noqa: E402
@@ -51,9 +52,10 @@ def floor(spec: LabSpec, module: Path, runs: int) -> list[float]:
     return times
 
 
-def timed_run(spec: LabSpec, module: Path, steps: list | None, seed: int) -> tuple[float, list]:
+def timed_run(spec: LabSpec, module: Path, steps: list | None, seed: int,
+              ahead: SessionsAhead | None = None) -> tuple[float, list]:
     started = time.perf_counter()
-    verdict = run_lab(spec, module, steps=steps, seed=seed)
+    verdict = run_lab(spec, module, steps=steps, seed=seed, ahead=ahead)
     wall = time.perf_counter() - started
     failed = [str(s.step) for s in verdict.steps if not s.passed]
     if failed:  # the time of a failing run measures something else: say so
@@ -62,34 +64,66 @@ def timed_run(spec: LabSpec, module: Path, steps: list | None, seed: int) -> tup
     return wall, verdict.steps
 
 
+# Between two checks a student reads the verdict for longer than this: the session made ahead
+# (servers up, spare databases made) is ready, and its start does not load the next measurement.
+READING = 1.0
+
+
+def settle(ahead: SessionsAhead, spec: LabSpec) -> None:
+    ahead.session_ready(spec.name)
+    time.sleep(READING)
+
+
 def bench(lab: str, runs: int) -> None:
     spec, module = labs.load(lab), reference(lab)
     step_walls: dict[str, list[float]] = {str(s.step): [] for s in spec.steps}
     step_own: dict[str, list[float]] = {str(s.step): [] for s in spec.steps}
+    step_ahead: dict[str, list[float]] = {str(s.step): [] for s in spec.steps}
     whole: list[float] = []
+    whole_ahead: list[float] = []
     for seed in range(1, runs + 1):
         for step in spec.steps:
             wall, verdicts = timed_run(spec, module, [step.step], seed)
             step_walls[str(step.step)].append(wall)
             step_own[str(step.step)].append(verdicts[0].seconds)
         whole.append(timed_run(spec, module, None, seed)[0])
+    ahead = SessionsAhead() if spec.session is not None else None
+    if ahead is not None:  # the warm judge's way: each check's session made during the one before
+        try:
+            timed_run(spec, module, [spec.steps[0].step], 1, ahead)
+            for seed in range(1, runs + 1):
+                for step in spec.steps:
+                    settle(ahead, spec)
+                    step_ahead[str(step.step)].append(timed_run(spec, module, [step.step], seed, ahead)[0])
+                settle(ahead, spec)
+                whole_ahead.append(timed_run(spec, module, None, seed, ahead)[0])
+        finally:
+            ahead.close()
     base = floor(spec, module, runs)
     low = statistics.median(base)
 
     print(f"\nlab {lab} — reference {module.relative_to(ROOT)} — {runs} runs, medians in seconds")
-    print(f"{'step':<7}{'title':<28}{'run_lab':>9}{'min':>8}{'max':>8}{'step only':>11}{'× floor':>9}")
+    def warm(walls: list[float]) -> str:
+        return f"{statistics.median(walls):>13.3f}" if walls else f"{'—':>13}"
+
+    print(f"{'step':<7}{'title':<28}{'run_lab':>9}{'min':>8}{'max':>8}{'step only':>11}{'× floor':>9}"
+          f"{'warm judge':>13}")
     for step in spec.steps:
         walls = step_walls[str(step.step)]
         median = statistics.median(walls)
         print(f"{step.step!s:<7}{step.title[:27]:<28}{median:>9.3f}{min(walls):>8.3f}{max(walls):>8.3f}"
-              f"{statistics.median(step_own[str(step.step)]):>11.3f}{median / low:>8.1f}×")
+              f"{statistics.median(step_own[str(step.step)]):>11.3f}{median / low:>8.1f}×"
+              f"{warm(step_ahead[str(step.step)])}")
     median_whole = statistics.median(whole)
     print(f"{'all':<7}{'whole lab':<28}{median_whole:>9.3f}{min(whole):>8.3f}{max(whole):>8.3f}"
-          f"{'':>11}{median_whole / low:>8.1f}×")
+          f"{'':>11}{median_whole / low:>8.1f}×{warm(whole_ahead)}")
     print(f"{'floor':<7}{'child start + import':<28}{low:>9.3f}{min(base):>8.3f}{max(base):>8.3f}")
     print(f"whole lab / floor = {median_whole / low:.1f}")
     print("run_lab: wall time of run_lab(steps=[s]) (includes the import check child);"
           " step only: the step's own StepVerdict.seconds")
+    if ahead is not None:
+        print("warm judge: run_lab's wall time as the kernel's warm judge runs it, the lab's session (its"
+              " servers) made ahead while the previous check was judged (labkit.judge.ahead)")
 
 
 def main(argv: list[str] | None = None) -> int:

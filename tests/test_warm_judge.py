@@ -4,6 +4,7 @@ it started with changed, and never left behind."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -136,3 +137,48 @@ def test_stop_leaves_nothing(judge):
     pid = warm_judge._judge.proc.pid
     warm_judge.stop()
     assert warm_judge._judge is None and _gone(pid)
+
+
+def _servers_made_ahead(judge_pid: int, not_these: tuple = ()) -> tuple[list, set]:
+    """The warm judge's PostgreSQL postmaster and Valkey (waited for, bounded), and their folders."""
+    proc = psutil.Process(judge_pid)
+    deadline, servers, folders = time.monotonic() + 30, {}, set()
+    roots = (Path("/tmp"), Path("/dev/shm"))  # the servers' folder, and PostgreSQL's data on a RAM disk
+    while time.monotonic() < deadline and len(servers) < 2:
+        time.sleep(0.1)
+        for p in proc.children(recursive=True):  # the postmaster and Valkey: backends come and go
+            with contextlib.suppress(psutil.Error):
+                if (p.name() in ("postgres", "valkey-server") and p.parent().name() != "postgres"
+                        and p.pid not in not_these):
+                    servers[p.name()] = p
+                    cwd = Path(p.cwd())
+                    folders.add(next(f for f in [cwd, *cwd.parents] if f.parent in roots))
+    assert set(servers) == {"postgres", "valkey-server"}, "both servers were started ahead"
+    assert any(f.name.startswith("labkit-pipeline-") for f in folders), folders
+    return list(servers.values()), folders
+
+
+def _alive(procs: list) -> list[int]:
+    return [p.pid for p in procs if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_lab_04s_next_servers_are_made_ahead_and_stopped_with_the_judge(judge):
+    """After a lab 04 check the judge starts the next check's servers (`labkit.judge.ahead`); the
+    next check uses them and stops them, and stopping the judge stops the ones made after it."""
+    pipeline = ROOT / "solutions" / "pipeline.py"
+
+    def check(seed: int) -> None:
+        verdict = warm_judge.run({"lab": "pipeline", "solution": str(pipeline), "steps": ["5"], "seed": seed},
+                                 judge, 120)
+        assert isinstance(verdict, dict) and verdict["steps"][0]["passed"], verdict
+
+    check(1)
+    pid = warm_judge._judge.proc.pid
+    ahead, ahead_folders = _servers_made_ahead(pid)
+    check(2)
+    assert _alive(ahead) == [] and not any(f.exists() for f in ahead_folders), "used by check 2, then stopped"
+    last, last_folders = _servers_made_ahead(pid, tuple(p.pid for p in ahead))
+    warm_judge.stop()
+    assert _alive(last) == [] and not any(f.exists() for f in last_folders)
+    places = [str(f) for f in ahead_folders | last_folders]
+    assert [p.pid for p in psutil.process_iter(["cwd"]) if str(p.info["cwd"] or "").startswith(tuple(places))] == []

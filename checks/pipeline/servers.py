@@ -140,6 +140,11 @@ class Servers:
                         shutil.rmtree(self.base, ignore_errors=True)
                     self.vk = self.pg = self.base = None
 
+    def warm(self) -> None:
+        """Start both servers now (a session made ahead: `labkit.judge.ahead`)."""
+        self.postgres()
+        self.valkey()
+
     def _folder(self) -> Path:
         if self.base is None:  # as root the servers run as nobody, who must traverse it
             self.base = Path(tempfile.mkdtemp(prefix="labkit-pipeline-", dir="/tmp"))

@@ -24,6 +24,7 @@ from typing import Any
 
 from labkit import labs
 from labkit.judge import expect
+from labkit.judge.ahead import SessionsAhead
 from labkit.judge.child import ChildRun, Started, run_child, start
 from labkit.judge.contract import Clause
 from labkit.judge.verdict import Case, Evidence, LabVerdict, Outcome, StepVerdict
@@ -274,16 +275,21 @@ def _import_failure(lab: LabSpec, solution: Path, timeout: float) -> tuple[str, 
 
 def run_lab(lab: LabSpec, solution: Path, steps: Sequence[int | str] | None = None,
             seed: int | None = None, jobs: int = 2, timeout: float | None = None,
-            explain: bool = True) -> LabVerdict:
+            explain: bool = True, ahead: SessionsAhead | None = None) -> LabVerdict:
     """Judge `solution`'s `steps` (all by default). `explain`: a failing step whose required
-    steps were not among those run gets them run too, for its note (`_explain_dependencies`)."""
+    steps were not among those run gets them run too, for its note (`_explain_dependencies`).
+    `ahead`: the lab's session comes from there, made while the previous check was judged."""
     started = time.monotonic()
     reaper.become_subreaper()
     seed = random.randrange(1, 2**31) if seed is None else seed
     timeout = timeout or step_timeout()
     chosen = [lab.step(s) for s in steps] if steps else list(lab.steps)
     verdict = LabVerdict(lab.name, seed)
-    with (lab.session() if lab.session is not None else contextlib.nullcontext()) as shared:
+    if ahead is not None:
+        session = ahead.session(lab)
+    else:
+        session = lab.session() if lab.session is not None else contextlib.nullcontext()
+    with session as shared:
         return _run_steps(lab, chosen, solution, seed, timeout, explain, verdict, started, shared, jobs)
 
 

@@ -1,0 +1,115 @@
+"""A lab's next session made ahead, for a process that judges one check after another.
+
+A lab with a session (lab 04: a PostgreSQL and a Valkey per judge run) pays for starting it at
+the head of every check: ~0.2 s of the student's wait on every key press. The warm judge
+(`serve.py`) judges a kernel's checks one after another, so as soon as a check ends it enters
+the lab's next session in the background (`SessionsAhead`): the next check finds its servers up
+and their spare databases made. A session still serves exactly one judge run, as without this:
+nothing a run did (a killed server, a student's leftover rows) reaches the next one.
+
+`close` leaves every session made ahead (servers stopped, folders removed); the warm judge
+calls it on EOF and on SIGTERM. A session that failed to start ahead is not used: the run
+starts its own, and says what is missing as it always did.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from concurrent.futures import Future
+from typing import Any
+
+# How long a check waits for a session still starting ahead before it starts its own (a
+# server's start is bounded by its own timeouts; this only keeps a wedged thread from holding a check).
+WAIT_FOR_AHEAD = 30.0
+
+
+class SessionsAhead:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ready: dict[str, Future] = {}  # lab name -> Future of (context manager, its value)
+        self._closed = False
+
+    @contextlib.contextmanager
+    def session(self, lab) -> Iterator[Any]:
+        """The lab's session for one run: the one made ahead if there is one, else a new one;
+        once the run has left it, the next one starts ahead."""
+        if lab.session is None:
+            yield None
+            return
+        with self._lock:
+            ready = self._ready.pop(lab.name, None)
+        made = None
+        if ready is not None:
+            try:
+                made = ready.result(timeout=WAIT_FOR_AHEAD)
+            except Exception:  # noqa: BLE001 - failed or wedged ahead: the run makes its own
+                ready.add_done_callback(_leave_made)
+        manager = made[0] if made is not None else lab.session()
+        value = made[1] if made is not None else manager.__enter__()
+        try:
+            yield value
+        except BaseException as exc:
+            if not manager.__exit__(type(exc), exc, exc.__traceback__):
+                raise
+        else:
+            manager.__exit__(None, None, None)
+            self.prepare(lab)  # not after a Ctrl-C or a SIGTERM: the process is on its way out
+
+    def prepare(self, lab) -> None:
+        """Start entering the lab's next session in a thread of its own (a no-op once closed)."""
+        with self._lock:
+            if self._closed or lab.name in self._ready:
+                return
+            future: Future = Future()
+            self._ready[lab.name] = future
+        threading.Thread(target=_enter, args=(lab, future), name=f"session ahead: {lab.name}", daemon=True).start()
+
+    def session_ready(self, name: str, timeout: float = WAIT_FOR_AHEAD) -> bool:
+        """Wait (bounded) until lab `name`'s session made ahead has started; False if none did."""
+        with self._lock:
+            ready = self._ready.get(name)
+        if ready is None:
+            return False
+        try:
+            ready.result(timeout=timeout)
+            return True
+        except Exception:  # noqa: BLE001 - it failed: there is none
+            return False
+
+    def close(self) -> None:
+        """Leave every session made ahead, waiting (bounded) for one still starting."""
+        with self._lock:
+            self._closed = True
+            ready, self._ready = list(self._ready.values()), {}
+        for future in ready:
+            with contextlib.suppress(Exception):
+                _leave(future.result(timeout=WAIT_FOR_AHEAD))
+
+
+def _enter(lab, future: Future) -> None:
+    try:
+        manager = lab.session()
+        value = manager.__enter__()
+    except BaseException as exc:  # noqa: BLE001 - told to whoever takes it
+        future.set_exception(exc)
+        return
+    try:
+        warm = getattr(value, "warm", None)
+        if callable(warm):  # e.g. lab 04's servers start on first use: start them now
+            warm()
+    except BaseException as exc:  # noqa: BLE001
+        manager.__exit__(type(exc), exc, exc.__traceback__)
+        future.set_exception(exc)
+        return
+    future.set_result((manager, value))
+
+
+def _leave(made: tuple) -> None:
+    made[0].__exit__(None, None, None)
+
+
+def _leave_made(future: Future) -> None:
+    if future.exception() is None:
+        _leave(future.result())
