@@ -28,15 +28,12 @@ def _toy(session, seen: list) -> LabSpec:
                    session=session)
 
 
-def _counting_session(events: list, fail_first: bool = False):
+def _counting_session(events: list):
     numbers = itertools.count(1)
 
     @contextlib.contextmanager
     def session():
         number = next(numbers)
-        if fail_first and number == 1:
-            events.append(("failed", number))
-            raise RuntimeError("this session could not start")
         events.append(("entered", number))
         try:
             yield number
@@ -46,48 +43,46 @@ def _counting_session(events: list, fail_first: bool = False):
     return session
 
 
-def test_each_run_gets_its_own_session_and_the_next_is_made_ahead(tmp_path):
-    solution = tmp_path / "toy.py"
+def _two_checks(session, folder: Path, events: list) -> list:
+    """Two runs of a toy lab with `session`, as the warm judge makes them; what each run got."""
+    solution = folder / "toy.py"
     solution.write_text(toylab.REFERENCE)
-    events: list = []
     seen: list = []
-    lab = _toy(_counting_session(events), seen)
+    lab = _toy(session, seen)
     ahead = SessionsAhead()
     try:
         assert run_lab(lab, solution, seed=1, ahead=ahead).passed
+        events.append(("made ahead", ahead.session_ready("toy")))
         assert run_lab(lab, solution, seed=1, ahead=ahead).passed
     finally:
         ahead.close()
+    return seen
+
+
+def test_each_run_gets_its_own_session_and_the_next_is_made_ahead(tmp_path):
+    events: list = []
+    seen = _two_checks(_counting_session(events), tmp_path, events)
     assert seen == [1, 2], "a session serves one run"
-    # the second is entered once the first run is over, in the background
-    assert events.index(("entered", 2)) > events.index(("left", 1))
-    assert ("entered", 3) in events and ("left", 3) in events, "the one made ahead is left on close"
-    assert sorted(e for e in events if e[0] == "entered") == [("entered", n) for n in (1, 2, 3)]
-    assert len([e for e in events if e[0] == "left"]) == 3
+    made = events.index(("made ahead", True))  # the second, entered before the second run began
+    assert events.index(("left", 1)) < events.index(("entered", 2)) < made
+    entered = {n for kind, n in events if kind == "entered"}
+    assert entered == {n for kind, n in events if kind == "left"}, "every session made is left, also on close"
 
 
 def test_a_session_that_failed_ahead_is_replaced_by_the_runs_own(tmp_path):
-    solution = tmp_path / "toy.py"
-    solution.write_text(toylab.REFERENCE)
     events: list = []
-    seen: list = []
     numbers = itertools.count(1)
-    failing_ahead = _counting_session(events)
+    counting = _counting_session(events)
 
     @contextlib.contextmanager
     def session():
         if next(numbers) == 2:  # the one made ahead
             raise RuntimeError("could not start ahead")
-        with failing_ahead() as value:
+        with counting() as value:
             yield value
 
-    lab = _toy(session, seen)
-    ahead = SessionsAhead()
-    try:
-        assert run_lab(lab, solution, seed=1, ahead=ahead).passed
-        assert run_lab(lab, solution, seed=1, ahead=ahead).passed
-    finally:
-        ahead.close()
+    seen = _two_checks(session, tmp_path, events)
+    assert ("made ahead", False) in events
     assert seen == [1, 2] and events.count(("entered", 2)) == 1 and ("left", 2) in events
 
 

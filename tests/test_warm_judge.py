@@ -164,7 +164,8 @@ def _alive(procs: list) -> list[int]:
 
 def test_lab_04s_next_servers_are_made_ahead_and_stopped_with_the_judge(judge):
     """After a lab 04 check the judge starts the next check's servers (`labkit.judge.ahead`); the
-    next check uses them and stops them, and stopping the judge stops the ones made after it."""
+    next check uses them, they are stopped after its verdict, and stopping the judge stops the
+    ones made after it."""
     pipeline = ROOT / "solutions" / "pipeline.py"
 
     def check(seed: int) -> None:
@@ -176,6 +177,9 @@ def test_lab_04s_next_servers_are_made_ahead_and_stopped_with_the_judge(judge):
     pid = warm_judge._judge.proc.pid
     ahead, ahead_folders = _servers_made_ahead(pid)
     check(2)
+    deadline = time.monotonic() + 10  # stopped once the verdict is out: in the background
+    while (_alive(ahead) or any(f.exists() for f in ahead_folders)) and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert _alive(ahead) == [] and not any(f.exists() for f in ahead_folders), "used by check 2, then stopped"
     last, last_folders = _servers_made_ahead(pid, tuple(p.pid for p in ahead))
     warm_judge.stop()

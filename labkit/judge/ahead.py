@@ -2,9 +2,10 @@
 
 A lab with a session (lab 04: a PostgreSQL and a Valkey per judge run) pays for starting it at
 the head of every check: ~0.2 s of the student's wait on every key press. The warm judge
-(`serve.py`) judges a kernel's checks one after another, so as soon as a check ends it enters
-the lab's next session in the background (`SessionsAhead`): the next check finds its servers up
-and their spare databases made. A session still serves exactly one judge run, as without this:
+(`serve.py`) judges a kernel's checks one after another, so as soon as a check ends it leaves
+that check's session and enters the lab's next one in the background (`SessionsAhead`): the
+verdict does not wait for the servers' stop, and the next check finds its servers up and their
+spare databases made. A session still serves exactly one judge run, as without this:
 nothing a run did (a killed server, a student's leftover rows) reaches the next one.
 
 `close` leaves every session made ahead (servers stopped, folders removed); the warm judge
@@ -29,6 +30,7 @@ class SessionsAhead:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._ready: dict[str, Future] = {}  # lab name -> Future of (context manager, its value)
+        self._leaving: list[Future] = []  # sessions of finished runs still being left
         self._closed = False
 
     @contextlib.contextmanager
@@ -54,8 +56,22 @@ class SessionsAhead:
             if not manager.__exit__(type(exc), exc, exc.__traceback__):
                 raise
         else:
+            # The verdict does not wait for the servers' stop: it is left in the background, then
+            # the next session made (not after a Ctrl-C or a SIGTERM: the process is on its way out).
+            leaving: Future = Future()
+            with self._lock:
+                self._leaving.append(leaving)
+            threading.Thread(target=self._leave_then_prepare, args=(lab, manager, leaving),
+                             name=f"session left: {lab.name}", daemon=True).start()
+
+    def _leave_then_prepare(self, lab, manager, leaving: Future) -> None:
+        try:
             manager.__exit__(None, None, None)
-            self.prepare(lab)  # not after a Ctrl-C or a SIGTERM: the process is on its way out
+            self.prepare(lab)  # listed in `_ready` before `leaving` is done: `session_ready` sees it
+        finally:
+            with self._lock:
+                self._leaving.remove(leaving)
+            leaving.set_result(None)
 
     def prepare(self, lab) -> None:
         """Start entering the lab's next session in a thread of its own (a no-op once closed)."""
@@ -68,6 +84,11 @@ class SessionsAhead:
 
     def session_ready(self, name: str, timeout: float = WAIT_FOR_AHEAD) -> bool:
         """Wait (bounded) until lab `name`'s session made ahead has started; False if none did."""
+        with self._lock:
+            leaving = list(self._leaving)
+        for future in leaving:  # the last run's session is left first, then the next one made
+            with contextlib.suppress(Exception):
+                future.result(timeout=timeout)
         with self._lock:
             ready = self._ready.get(name)
         if ready is None:
@@ -82,6 +103,11 @@ class SessionsAhead:
         """Leave every session made ahead, waiting (bounded) for one still starting."""
         with self._lock:
             self._closed = True
+            leaving = list(self._leaving)
+        for future in leaving:  # a run's session still stopping: then nothing new is made
+            with contextlib.suppress(Exception):
+                future.result(timeout=WAIT_FOR_AHEAD)
+        with self._lock:
             ready, self._ready = list(self._ready.values()), {}
         for future in ready:
             with contextlib.suppress(Exception):
