@@ -36,9 +36,30 @@ CLOCK_HINT = ("This publisher's clock runs an hour ahead, and your claim followe
               "`claim_until = clock_timestamp() + make_interval(secs => lease)`.")
 SEQ_HINT = ("Take every fence from the sequence, `nextval('fence_seq')`: max(fence) + 1 hands two publishers "
             "one number, and forgets numbers it gave to rows that are gone.")
-SLOW_UPDATE = ["""CREATE FUNCTION judge_slow() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN PERFORM pg_sleep(0.1); RETURN NEW; END $$""",
-               "CREATE TRIGGER judge_slow BEFORE UPDATE ON outbox FOR EACH ROW EXECUTE FUNCTION judge_slow()"]
+# In the race's database every row a racer updates is held (BEFORE UPDATE: the row is locked by
+# then) while another racer has not yet reached its own hold or a lock wait: still running, or
+# not started (its connection, opened before the barrier, has run nothing yet). At most 2 s.
+# Then every racer has read what it will claim while this transaction still holds its rows:
+# with SKIP LOCKED each takes other rows and is held, so all go on at once; a plain SELECT lets
+# the others read this row and wait to overwrite it; a FOR UPDATE without SKIP LOCKED makes them
+# wait here. The overlap is observed, not timed (it was a 0.1 s pause per row: 0.2 s of a check).
+HOLD_UPDATES = ["""CREATE FUNCTION judge_hold_update() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+  polls int := 0;
+BEGIN
+  LOOP
+    PERFORM pg_stat_clear_snapshot();  -- pg_stat_activity is otherwise read once per transaction
+    EXIT WHEN polls >= 200 OR NOT EXISTS (
+      SELECT 1 FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()
+        AND usename = session_user
+        AND ((state = 'active' AND wait_event_type IS DISTINCT FROM 'Lock'
+              AND wait_event IS DISTINCT FROM 'PgSleep')
+             OR (state = 'idle' AND query = '')));
+    PERFORM pg_sleep(0.01);
+    polls := polls + 1;
+  END LOOP;
+  RETURN NEW;
+END $$""", "CREATE TRIGGER judge_hold_update BEFORE UPDATE ON outbox FOR EACH ROW EXECUTE FUNCTION judge_hold_update()"]
 
 
 def ev(i: int) -> dict:
@@ -256,7 +277,7 @@ def check_claim_race(ctx: StepContext) -> list[Case]:
     srv = servers(ctx)
     db = srv.database(ctx.step)
     fill(db, ROWS)
-    db.setup(*SLOW_UPDATE)
+    db.setup(*HOLD_UPDATES)
 
     def one_owner(records: list[dict]) -> Miss | None:
         errors = [r for r in records if r["outcome"]["kind"] != "returned"]
