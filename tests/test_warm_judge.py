@@ -24,7 +24,9 @@ REFERENCE = ROOT / "solutions" / "warmup.py"
 
 
 @pytest.fixture
-def judge(tmp_path):
+def judge(tmp_path, judge_tmp):
+    """A folder to judge in; the judge's own temp folders go to a private TMPDIR, removed after
+    the test (a judge these tests SIGKILL on purpose cannot remove its step's folders itself)."""
     warm_judge.stop()
     yield tmp_path
     warm_judge.stop()
@@ -139,50 +141,40 @@ def test_stop_leaves_nothing(judge):
     assert warm_judge._judge is None and _gone(pid)
 
 
-def _servers_made_ahead(judge_pid: int, not_these: tuple = ()) -> tuple[list, set]:
-    """The warm judge's PostgreSQL postmaster and Valkey (waited for, bounded), and their folders."""
-    proc = psutil.Process(judge_pid)
-    deadline, servers, folders = time.monotonic() + 30, {}, set()
+def _servers(judge_pid: int) -> tuple[list, set]:
+    """Every PostgreSQL postmaster and Valkey the warm judge runs now, and their folders."""
     roots = (Path("/tmp"), Path("/dev/shm"))  # the servers' folder, and PostgreSQL's data on a RAM disk
-    while time.monotonic() < deadline and len(servers) < 2:
-        time.sleep(0.1)
-        for p in proc.children(recursive=True):  # the postmaster and Valkey: backends come and go
-            with contextlib.suppress(psutil.Error):
-                if (p.name() in ("postgres", "valkey-server") and p.parent().name() != "postgres"
-                        and p.pid not in not_these):
-                    servers[p.name()] = p
-                    cwd = Path(p.cwd())
-                    folders.add(next(f for f in [cwd, *cwd.parents] if f.parent in roots))
-    assert set(servers) == {"postgres", "valkey-server"}, "both servers were started ahead"
-    assert any(f.name.startswith("labkit-pipeline-") for f in folders), folders
-    return list(servers.values()), folders
+    servers, folders = [], set()
+    for p in psutil.Process(judge_pid).children(recursive=True):  # backends come and go
+        with contextlib.suppress(psutil.Error):
+            if p.name() in ("postgres", "valkey-server") and p.parent().name() != "postgres":
+                cwd = Path(p.cwd())
+                folders.add(next((f for f in [cwd, *cwd.parents] if f.parent in roots), cwd))
+                servers.append(p)
+    return servers, folders
 
 
 def _alive(procs: list) -> list[int]:
     return [p.pid for p in procs if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
 
 
-def test_lab_04s_next_servers_are_made_ahead_and_stopped_with_the_judge(judge):
-    """After a lab 04 check the judge starts the next check's servers (`labkit.judge.ahead`); the
-    next check uses them, they are stopped after its verdict, and stopping the judge stops the
-    ones made after it."""
+def test_lab_04s_servers_made_ahead_are_stopped_with_the_judge(judge):
+    """After a lab 04 check the judge starts the next check's servers (`labkit.judge.ahead`: that
+    the next run uses them is tests/test_sessions_ahead.py's); stopping the judge stops every
+    server it runs, made ahead or finishing a check, and removes their folders."""
     pipeline = ROOT / "solutions" / "pipeline.py"
-
-    def check(seed: int) -> None:
+    for seed in (1, 2):
         verdict = warm_judge.run({"lab": "pipeline", "solution": str(pipeline), "steps": ["5"], "seed": seed},
                                  judge, 120)
         assert isinstance(verdict, dict) and verdict["steps"][0]["passed"], verdict
-
-    check(1)
     pid = warm_judge._judge.proc.pid
-    ahead, ahead_folders = _servers_made_ahead(pid)
-    check(2)
-    deadline = time.monotonic() + 10  # stopped once the verdict is out: in the background
-    while (_alive(ahead) or any(f.exists() for f in ahead_folders)) and time.monotonic() < deadline:
+    deadline, servers, folders = time.monotonic() + 30, [], set()
+    while time.monotonic() < deadline and {s.name() for s in servers} != {"postgres", "valkey-server"}:
         time.sleep(0.1)
-    assert _alive(ahead) == [] and not any(f.exists() for f in ahead_folders), "used by check 2, then stopped"
-    last, last_folders = _servers_made_ahead(pid, tuple(p.pid for p in ahead))
+        servers, folders = _servers(pid)
+    assert {s.name() for s in servers} == {"postgres", "valkey-server"}, "the next check's servers run ahead"
+    assert any(f.name.startswith("labkit-pipeline-") for f in folders), folders
     warm_judge.stop()
-    assert _alive(last) == [] and not any(f.exists() for f in last_folders)
-    places = [str(f) for f in ahead_folders | last_folders]
-    assert [p.pid for p in psutil.process_iter(["cwd"]) if str(p.info["cwd"] or "").startswith(tuple(places))] == []
+    assert _alive(servers) == [] and not any(f.exists() for f in folders)
+    places = tuple(str(f) for f in folders)
+    assert [p.pid for p in psutil.process_iter(["cwd"]) if str(p.info["cwd"] or "").startswith(places)] == []
