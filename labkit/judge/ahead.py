@@ -27,6 +27,8 @@ WAIT_FOR_AHEAD = 30.0
 
 
 class SessionsAhead:
+    """Each lab's next session, entered in the background once a run has left its own."""
+
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._ready: dict[str, Future] = {}  # lab name -> Future of (context manager, its value)
