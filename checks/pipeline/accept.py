@@ -184,7 +184,7 @@ def check_race(ctx: StepContext) -> list[Case]:
                         "row(s)", RACE_HINT)
         return None
 
-    return race(ctx, db, f"{RACERS} processes accept one id at once", f"accept(conn, {show(event)}) in {RACERS} "
+    return race(where, db, f"{RACERS} processes accept one id at once", f"accept(conn, {show(event)}) in {RACERS} "
                 "processes at the same moment", "one True, the others False (or Conflict); never an error; one "
                 "order, one outbox row", ("2.concurrent-accept",), RACERS,
-                lambda i: [call("accept", "$conn", event)], one_true, where)
+                lambda i: [call("accept", "$conn", event)], one_true)

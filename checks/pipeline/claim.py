@@ -296,7 +296,7 @@ def check_claim_race(ctx: StepContext) -> list[Case]:
             return Miss(f"the racers got rows {got}", "Each publisher takes up to `limit` rows nobody else holds.")
         return None
 
-    return race(ctx, db, f"{RACERS} publishers claim at once", f"claim(conn, 'racer-N', {LIMIT}, 30) in {RACERS} "
+    return race(where, db, f"{RACERS} publishers claim at once", f"claim(conn, 'racer-N', {LIMIT}, 30) in {RACERS} "
                 "processes at the same moment", f"{RACERS * LIMIT} different rows, each with its own fence",
                 ("3.for-update", "3.sequence-fence"), RACERS,
-                lambda i: [call("claim", "$conn", f"racer-{i + 1}", LIMIT, 30)], one_owner, where)
+                lambda i: [call("claim", "$conn", f"racer-{i + 1}", LIMIT, 30)], one_owner)

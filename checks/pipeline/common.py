@@ -58,14 +58,13 @@ def racing(ctx: StepContext) -> StepContext:
     return ctx.apart("race", early=True)
 
 
-def race(ctx: StepContext, db: Db, name: str, called: str, expected: str, clauses: tuple[str, ...], count: int,
-         ops: Callable[[int], list[dict]], verdict: Callable[[list[dict]], Miss | None],
-         where: StepContext | None = None) -> list[Case]:
+def race(where: StepContext, db: Db, name: str, called: str, expected: str, clauses: tuple[str, ...], count: int,
+         ops: Callable[[int], list[dict]], verdict: Callable[[list[dict]], Miss | None]) -> list[Case]:
     """ONE case: `count` racers, each in its own process (forked from one child that imported the
     module: `probes.race`), wait at a barrier (an advisory lock the judge holds) and go at once
     when the last one arrived; `verdict(records)` judges what they all did. Which racer wins is
-    the scheduler's choice, so no case is about one racer. `where`: a `racing` context."""
-    where = where or racing(ctx)
+    the scheduler's choice, so no case is about one racer. `where`: a `racing` context, made
+    before the race's database so that its child starts meanwhile."""
     records: list[dict] = []
 
     def keep(record: dict) -> Miss | None:

@@ -184,6 +184,6 @@ def check_concurrent_open(ctx: StepContext) -> list[Case]:
             return Miss("the schema differs: " + "; ".join(problems[:3]), "Create exactly the contract's tables.")
         return None
 
-    return race(ctx, db, "two processes open one new database at once", "open_db(dsn) in two processes at the "
+    return race(where, db, "two processes open one new database at once", "open_db(dsn) in two processes at the "
                 "same moment", "both get a connection, the schema is created once", ("1.concurrent-open",), 2,
-                lambda i: [call("open_db", "$dsn", keep="db")], both_open, where)
+                lambda i: [call("open_db", "$dsn", keep="db")], both_open)

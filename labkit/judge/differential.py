@@ -151,8 +151,9 @@ def differential(
     answers: dict[str, Finding | None] = {}
     budget = {"calls": 0, "limit": examples + shrink_calls, "cpu": 0.0, "wall": 0.0, "deadline": 0.0}
 
-    with child_session(ctx.solution, workdir=ctx.workdir, timeout=ctx.timeout, marker=ctx.marker(),
-                       started=ctx.take_early(), module_name=ctx.lab.module_name) as session:
+    started, marker = ctx.first_child()
+    with child_session(ctx.solution, workdir=ctx.workdir, timeout=ctx.timeout, marker=marker,
+                       started=started, module_name=ctx.lab.module_name) as session:
 
         def answer(args: tuple) -> Finding | None:
             encoded = [encode(a) for a in args]

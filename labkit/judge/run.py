@@ -127,6 +127,12 @@ class StepContext:
             return None
         return early
 
+    def first_child(self, env: dict[str, str] | None = None) -> tuple[Started | None, str]:
+        """The early child (if it can serve: `take_early`) and the marker a child gets: the early
+        child's own, or a new one registered for the step's clean-up."""
+        started = self.take_early(env)
+        return started, started.marker if started is not None else self.marker()
+
     def end_early(self) -> None:
         """Close every early child nobody took (this context's and its `apart` ones')."""
         for ctx in [self, *self.started_apart]:
@@ -157,10 +163,10 @@ class StepContext:
     def child(self, probe: str, args: dict, *, timeout: float | None = None,
               env: dict[str, str] | None = None, probes: str | None = None) -> ChildRun:
         """Run `probe` from the lab's probes module (or `probes`) in a fresh child."""
-        started = self.take_early(env)
+        started, marker = self.first_child(env)
         return run_child(self.solution, f"{probes or self.lab.probes}:{probe}", args, workdir=self.workdir,
-                         timeout=timeout or self.timeout, marker=started.marker if started else self.marker(),
-                         module_name=self.lab.module_name, env=env, started=started)
+                         timeout=timeout or self.timeout, marker=marker, module_name=self.lab.module_name,
+                         env=env, started=started)
 
     def cases(self, probe: str, plans: list[expect.Plan], args: dict | None = None,
               env: dict[str, str] | None = None, probes: str | None = None) -> list[Case]:

@@ -33,8 +33,9 @@ def served(ctx: StepContext, kind: str, plans: list[Plan], specs: list[dict],
     under the case's `observed["judge"]`."""
     records: list[dict] = []
     waited = cpu = 0.0  # the child's time only, never the judge's own looks
-    with child_session(ctx.solution, workdir=ctx.workdir, timeout=ctx.timeout, marker=ctx.marker(),
-                       started=ctx.take_early(), module_name=ctx.lab.module_name, probe=f"{ctx.lab.probes}:serve") as session:
+    started, marker = ctx.first_child()
+    with child_session(ctx.solution, workdir=ctx.workdir, timeout=ctx.timeout, marker=marker,
+                       started=started, module_name=ctx.lab.module_name, probe=f"{ctx.lab.probes}:serve") as session:
         for plan, spec in zip(plans, specs, strict=True):
             left = WALL_FACTOR * ctx.timeout - waited
             if not session.imported:
