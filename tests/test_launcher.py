@@ -193,6 +193,30 @@ def test_closing_the_launcher_ends_every_child_and_leaves_no_cgroup(served):
     assert not reaper.marked_pids(marker)
 
 
+def test_a_launched_child_nobody_sent_a_request_is_ended_when_closed(served):
+    """A step's early child that no case took (its case wanted an environment of its own) is
+    closed by the judge. A launched child is numbered by its sandbox's init, which leads no
+    process group: the group kill missed it, and closing waited out KILL_GRACE with the child
+    still running (2 s in each such step of every grading judge). Its box is killed instead."""
+    from labkit.judge import child
+
+    _, conn, module, step = served
+    box = remote.RemoteBox(conn)
+    result_r, result_w = os.pipe()
+    request_r, request_w = os.pipe()
+    io_dir = Path(tempfile.mkdtemp(prefix="labkit-io-"))
+    with open(os.devnull, "wb") as sink:
+        proc = box.spawn(PROBE, stdin=subprocess.PIPE, stdout=sink, stderr=sink, cwd=step,
+                         env={"LABKIT_RESULT_FD": str(result_w), "LABKIT_REQUEST_FD": str(request_r)},
+                         pass_fds=(result_w, request_r))
+    os.close(result_w)
+    os.close(request_r)
+    assert proc.poll() is None  # waiting for a request that never comes
+    child.Started(module, step, reaper.new_marker(), proc, result_r, request_w, io_dir).close()
+    assert proc.poll() is not None, "the child outlived its close"
+    assert not io_dir.exists()
+
+
 @pytest.mark.parametrize("failures", [1, 2])
 def test_a_judge_box_that_ends_before_the_judge_began_is_retried_once_then_named(tmp_path, monkeypatch, failures):
     """The launcher attaches to the judge's first process; when that process is already gone

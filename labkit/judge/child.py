@@ -280,6 +280,12 @@ def _kill(proc: subprocess.Popen, marker: str) -> None:
     read, so they are listed while they live)."""
     forked = set(reaper.marked_pids(marker)) - {proc.pid}
     reaper.kill_group(proc.pid)
+    if proc.poll() is None:
+        # A launched child (a judge in its box: RemotePopen) is numbered by its sandbox's init,
+        # which leads no group: the group kill missed it, and an early child nobody took waited
+        # out KILL_GRACE (2 s a step in every grading judge). Its box is killed from outside.
+        with contextlib.suppress(OSError):
+            proc.kill()
     try:  # reap our own child first, so Popen (not the reaper) records its status
         proc.wait(timeout=KILL_GRACE)
     except subprocess.TimeoutExpired:
