@@ -495,12 +495,18 @@ def test_a_judge_in_its_box_reads_the_graders_unicode_tables_and_cannot_change_t
     from labkit.grading import judge_box
     from labkit.judge import differential
 
-    tables = tmp_path / "hypothesis"
-    env = {**os.environ, differential.STORAGE_ENV: str(tables)}
-    subprocess.run([sys.executable, "-c", "from labkit.judge import differential as d; "
-                    "assert d.warm_unicode_tables() is not None"], env=env, check=True, timeout=120)
-    built = sorted(p.name for p in tables.glob("unicode_data/*/*.json.gz"))
+    storage = tmp_path / "hypothesis"
+    env = {**os.environ, differential.STORAGE_ENV: str(storage)}
+    said = subprocess.run([sys.executable, "-c", "from labkit.judge import differential as d; "
+                           "print(d.warm_unicode_tables())"], env=env, check=True, timeout=120, capture_output=True)
+    tables = Path(said.stdout.decode().strip())
+    built = sorted(p.name for p in storage.glob("unicode_data/*/*.json.gz"))
     assert any(name.startswith("charmap") for name in built) and any("utf-8" in name for name in built), built
+    assert tables.resolve() != storage.resolve()
+    # Hypothesis writes its codec table again, mode 0600, after every process that uses it (one
+    # run as root between two batches): the judges read a copy that no such run touches.
+    for path in storage.glob("unicode_data/*/*.json.gz"):
+        path.chmod(0o600)
 
     env = judge_box._env(sandbox.uid(), {})
     env[differential.STORAGE_ENV] = str(tables)

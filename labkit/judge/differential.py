@@ -48,10 +48,13 @@ needed; tests/test_differential.py runs several at once and compares with the se
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import json
 import os
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -318,11 +321,12 @@ def after_fixed(fixed: list[Case], name: str, called: str, run: Callable[[], lis
 
 
 def warm_unicode_tables() -> Path | None:
-    """Build Hypothesis' Unicode tables in `CACHE` (once per machine), for judges that can only read them.
+    """Build Hypothesis' Unicode tables (once per machine) and show a copy to judges that can only read them.
 
     The tables the labs' strategies need (the category map and `text()`'s UTF-8 alphabet) are
-    drawn once through the public API. Returns the folder, or None when it could not be written.
-    Measured: outbox's step 1 took 2.4 s in a judge box without them, 0.8 s with them.
+    drawn once through the public API, then copied (`unicode_tables`). Returns the copy, or None
+    when the tables could not be built. Measured: outbox's step 1 took 2.4 s in a judge box
+    without them, 0.8 s with them.
     """
     os.environ.setdefault(STORAGE_ENV, str(CACHE))
     from hypothesis import Phase, given, settings
@@ -335,17 +339,50 @@ def warm_unicode_tables() -> Path | None:
 
     try:
         draw()
+        _show_tables(_storage())
     except Exception:  # noqa: BLE001 - a cold cache only costs time
         return None
-    found = unicode_tables()
-    if found is not None:  # Hypothesis writes them 0600; the judge reads them as the job's uid
-        for path in [found, *found.rglob("*")]:
-            if not path.is_symlink():
-                path.chmod(0o755 if path.is_dir() else 0o644)
-    return found
+    return unicode_tables()
+
+
+def _storage() -> Path:
+    return Path(os.environ.get(STORAGE_ENV) or CACHE).resolve()
+
+
+def _shown(storage: Path) -> Path:
+    return storage.with_name(storage.name + "-shown")
+
+
+def _show_tables(storage: Path) -> None:
+    """Copy the tables, readable by all, to a folder no Hypothesis process writes to.
+
+    Hypothesis (6.170) writes its codec table again after every process that uses it, through
+    mkstemp (mode 0600): one run as root between two batches (an in-process check, `grade
+    --no-sandbox`) left the boxed judges a file they could not read, and each rebuilt it (1.5 s
+    of CPU in each of outbox's steps 1, 3 and final). The copy is made once and replaced only
+    when Hypothesis adds a table; a new one goes in by rename, so a judge never sees half of it."""
+    tables = sorted(p.relative_to(storage) for p in (storage / "unicode_data").rglob("*.json.gz"))
+    shown = _shown(storage)
+    if tables == sorted(p.relative_to(shown) for p in (shown / "unicode_data").rglob("*.json.gz")):
+        return
+    fresh = Path(tempfile.mkdtemp(prefix=".shown-", dir=shown.parent))
+    for name in tables:
+        (fresh / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(storage / name, fresh / name)
+    for path in [fresh, *fresh.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    old = shown.with_name(fresh.name + "-old")
+    with contextlib.suppress(FileNotFoundError):
+        shown.rename(old)
+    try:
+        fresh.rename(shown)
+    except OSError:  # another grader's copy went in first: the same tables
+        shutil.rmtree(fresh, ignore_errors=True)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def unicode_tables() -> Path | None:
-    """The folder holding Hypothesis' Unicode tables (resolved, as a sandbox binds it), if built."""
-    folder = Path(os.environ.get(STORAGE_ENV) or CACHE).resolve()
-    return folder if (folder / "unicode_data").is_dir() else None
+    """The readable copy of Hypothesis' Unicode tables (resolved, as a sandbox binds it), if made:
+    a boxed judge's `STORAGE_ENV`, bound read-only (`warm_unicode_tables`)."""
+    shown = _shown(_storage())
+    return shown if (shown / "unicode_data").is_dir() else None
