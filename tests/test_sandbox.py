@@ -549,3 +549,17 @@ def test_a_child_the_memory_limit_killed_is_told_so_not_that_it_died(tmp_path, m
     [case] = expect.judge(run, [plan], 20.0)
     assert run.memory_limit and case.outcome is Outcome.MEMORY_LIMIT, (run.exit_code, case)
     assert "memory limit" in case.got and "died" not in case.got
+
+
+def test_children_side_by_side_in_one_folder_never_share_or_replace_a_module_copy(tmp_path):
+    """Each child's copy of the module is its own: a copy shared by name and replaced at each
+    start was unlinked under a bwrap still binding it, and that child ended before it loaded
+    the module ("... (deleted) in mount table"), seen with four children of a step at once."""
+    first = profiles.copy_module(_policy(tmp_path))
+    (copy, shown), = first.mapped
+    inode = os.stat(copy).st_ino
+    second = profiles.copy_module(_policy(tmp_path))
+    (other, _), = second.mapped
+    assert other != copy and os.stat(copy).st_ino == inode  # the first is still the file bound
+    assert Path(copy).read_bytes() == Path(other).read_bytes() == Path(shown).read_bytes()
+    assert oct(os.stat(other).st_mode & 0o777) == "0o644"

@@ -23,7 +23,7 @@ import importlib.util
 import os
 import shutil
 import sys
-import threading
+import uuid
 from pathlib import Path
 
 from labkit import limits
@@ -237,15 +237,20 @@ def child_box(module: Path, workdir: Path, env: dict[str, str], code_modules: tu
 def copy_module(policy: Policy) -> Policy:
     """Make the readable copies a child's policy shows in place of the student's module.
 
-    Children started side by side share a work folder, so each copy is written under a name of
-    its own and renamed into place: a child being started never reads a copy another one is
-    still writing (a truncated module whose later functions are missing)."""
+    Children started side by side share a work folder, so each child gets copies of its own,
+    under names no other child uses, written whole before its sandbox binds them. A copy shared
+    by name and replaced by each start (as before) was unlinked under a bwrap still binding it:
+    bwrap then failed ("Can't find .../.labkit-module-client.py (deleted) in mount table") and
+    the child ended before loading the module, a course fault seen in CI under load."""
     missing = [(copy, original) for copy, original in policy.mapped if not os.path.isfile(original)]
-    if missing:  # nothing to show: the child then fails to import it, a verdict like any other
-        policy = dataclasses.replace(policy, mapped=tuple(m for m in policy.mapped if m not in missing))
+    mapped = []
     for copy, original in policy.mapped:
-        partial = Path(copy).with_name(f"{Path(copy).name}.{os.getpid()}-{threading.get_ident()}.part")
+        if (copy, original) in missing:  # nothing to show: the child then fails to import it, a verdict like any other
+            continue
+        own = Path(copy).with_name(f"{Path(copy).name}.{uuid.uuid4().hex[:12]}")
+        partial = own.with_name(own.name + ".part")
         shutil.copyfile(original, partial)
         os.chmod(partial, 0o644)
-        os.replace(partial, copy)
-    return policy
+        os.rename(partial, own)
+        mapped.append((own, original))
+    return dataclasses.replace(policy, mapped=tuple(mapped))
