@@ -248,9 +248,7 @@ def copy_module(policy: Policy) -> Policy:
         if (copy, original) in missing:  # nothing to show: the child then fails to import it, a verdict like any other
             continue
         own = Path(copy).with_name(f"{Path(copy).name}.{uuid.uuid4().hex[:12]}")
-        partial = own.with_name(own.name + ".part")
-        shutil.copyfile(original, partial)
-        os.chmod(partial, 0o644)
-        os.rename(partial, own)
+        shutil.copyfile(original, own)  # a name no other child knows: whole before it is bound
+        os.chmod(own, 0o644)
         mapped.append((own, original))
     return dataclasses.replace(policy, mapped=tuple(mapped))
