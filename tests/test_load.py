@@ -22,7 +22,7 @@ from pathlib import Path
 import psutil
 import pytest
 from catalogue import labs_with_wrong_solutions, promise, run_steps, step_verdicts, wrong_files
-from test_catalogue_seeds import TIMING_DEPENDENT, fingerprint, promised_fingerprint
+from test_catalogue_seeds import file_fingerprint
 
 SPIN = "while True:\n    pass\n"
 THREADS = 2  # as the seed test runs its seeds: the judge's own concurrency stays in the picture
@@ -34,12 +34,6 @@ def sample(lab: str) -> list[tuple[Path, str]]:
     for path in sorted(wrong_files(lab), key=lambda p: p.stem):
         chosen.setdefault(promise(path)["step"], path)
     return [(path, step) for step, path in chosen.items()]
-
-
-def _print(lab: str, path: Path, steps: dict) -> dict:
-    if f"{lab}:{path.stem}" in TIMING_DEPENDENT:
-        return promised_fingerprint(path, steps)
-    return fingerprint(steps)
 
 
 @pytest.fixture
@@ -61,12 +55,12 @@ def busy():
 def test_the_catalogue_gets_the_same_verdicts_with_every_core_busy(lab, request):
     chosen = sample(lab)
     assert len(chosen) >= 5, chosen
-    quiet = {path: _print(lab, path, step_verdicts(lab, path, [step], 1)) for path, step in chosen}
+    quiet = {path: file_fingerprint(path, step_verdicts(lab, path, [step], 1)) for path, step in chosen}
     request.getfixturevalue("busy")  # from here on, every core has a competitor
 
     def loaded(item):
         path, step = item
-        return _print(lab, path, {str(v.step): v for v in run_steps(lab, path, [step], 1)})
+        return file_fingerprint(path, {str(v.step): v for v in run_steps(lab, path, [step], 1)})
 
     with ThreadPoolExecutor(THREADS) as pool:
         loud = dict(zip((path for path, _ in chosen), pool.map(loaded, chosen), strict=True))
