@@ -18,8 +18,6 @@ import os
 import random
 import sqlite3
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -445,18 +443,28 @@ def _error(mod, kind: str) -> BaseException:
 # --- final check: publishers against the warehouse --------------------------------------------
 
 
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    def redirect_request(self, *args, **kwargs):
-        return None
+def _opener():
+    """An opener that follows no redirect and no proxy. Made here, not at import: urllib.request
+    (http.client, email, ssl) is a third of a relay child's start, and only the final check's
+    children post anything."""
+    import urllib.request
 
+    class NoRedirect(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *args, **kwargs):
+            return None
 
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirect())
+    return urllib.request.build_opener(urllib.request.ProxyHandler({}), NoRedirect())
 
 
 def http_send(mod, url: str, tokens: dict[str, int], sent: list[dict]):
     """The `send` the final check hands to relay_once: POST the event to the warehouse with the
     token of the claim this process holds on it. 503 → a transient OSError, 422 →
     PermanentError, a 200 ACK naming the event → True, anything else → False."""
+
+    import urllib.error
+    import urllib.request
+
+    opener = _opener()
 
     def send(event):
         event_id = event.get("id") if isinstance(event, dict) else None
@@ -468,7 +476,7 @@ def http_send(mod, url: str, tokens: dict[str, int], sent: list[dict]):
         request = urllib.request.Request(url, data=body, method="POST", headers=headers)
         sent.append({"id": event_id, "token": token, "t": time.time()})
         try:
-            with _OPENER.open(request, timeout=5.0) as response:
+            with opener.open(request, timeout=5.0) as response:
                 status, reply = response.status, response.read(2048)
         except urllib.error.HTTPError as exc:
             reply = exc.read(2048)
