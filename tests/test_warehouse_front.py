@@ -73,13 +73,15 @@ HOSTILE = textwrap.dedent('''
         result_fd = int(os.environ["LABKIT_RESULT_FD"])
         os.write(result_fd, b"[" * 100000 + b"\\n")  # junk: dropped, never parsed deep
         os.write(result_fd, b"not json\\n")
+        # Said before the forged replies: the judge answers at the first, and may end this process
+        # before it says anything more (seen under load: the last line was never written).
+        print("PAYLOAD", json.dumps({"found": found, "fds": fds, "patched": patched, "tmp": seen_tmp}), file=sys.stderr, flush=True)
+        with open("payload-ran.txt", "a") as fh:
+            fh.write(event["id"] + "\\n")
         if event["id"] == "forged":  # a reply for this request the judge cannot read: 500
             for n in range(1, 10):
                 os.write(result_fd, json.dumps({"event": "reply", "id": n, "outcome": {"kind": "x" * 10}}).encode()
                          + b"\\n")
-        print("PAYLOAD", json.dumps({"found": found, "fds": fds, "patched": patched, "tmp": seen_tmp}), file=sys.stderr, flush=True)
-        with open("payload-ran.txt", "a") as fh:
-            fh.write(event["id"] + "\\n")
         body = json.dumps(event, sort_keys=True, separators=(",", ":"))
         con.execute("BEGIN IMMEDIATE")
         row = con.execute("SELECT body FROM inbox WHERE id = ?", (event["id"],)).fetchone()
