@@ -58,6 +58,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -242,7 +243,29 @@ def _no_local_constants() -> None:
         providers.CONSTANTS_CACHE.cache.clear()
 
 
+# Threads that outlive a step, for Hypothesis' engine. Hypothesis gives each thread its own global
+# Random and registers it the first time that thread runs a test, with a full gc.collect() and
+# gc.get_referrers() over the judge's heap: in a step's own thread (new for every judge run)
+# that was 2 ms a step in a small judge and tens of ms in a large one (a test session, a grader
+# with a class's verdicts). Created on demand, so steps that run side by side never wait for one.
+_RUNNERS: tuple[int, ThreadPoolExecutor] | None = None
+_RUNNERS_LOCK = threading.Lock()
+RUNNER_THREADS = 32
+
+
+def _runners() -> ThreadPoolExecutor:
+    global _RUNNERS
+    with _RUNNERS_LOCK:
+        if _RUNNERS is None or _RUNNERS[0] != os.getpid():  # a forked judge has none of its parent's threads
+            _RUNNERS = (os.getpid(), ThreadPoolExecutor(RUNNER_THREADS, thread_name_prefix="labkit-hypothesis"))
+        return _RUNNERS[1]
+
+
 def _run(test: Callable[[], None]) -> tuple[Finding | None, _Stop | None]:
+    return _runners().submit(_run_here, test).result()
+
+
+def _run_here(test: Callable[[], None]) -> tuple[Finding | None, _Stop | None]:
     try:
         test()
     except _Stop as stop:
