@@ -32,14 +32,15 @@ def waited_for_cpu(pid: int) -> float:
     """Seconds the threads of `pid` and of what it started have spent runnable but waiting for a
     CPU (/proc/*/task/*/schedstat, second field): the machine's business, not the code's."""
     total = 0
-    for proc in process_tree(pid):
+    for one in tree_pids(pid):  # read at every call of a session: plain /proc reads, no psutil objects
         try:
-            tasks = os.listdir(f"/proc/{proc.pid}/task")
+            tasks = os.listdir(f"/proc/{one}/task")
         except OSError:
             continue
         for tid in tasks:
             try:
-                total += int(Path(f"/proc/{proc.pid}/task/{tid}/schedstat").read_text().split()[1])
+                with open(f"/proc/{one}/task/{tid}/schedstat", "rb") as fh:
+                    total += int(fh.read().split()[1])
             except (OSError, ValueError, IndexError):  # that thread has just ended
                 continue
     return total / 1e9
@@ -73,13 +74,21 @@ class Budget:
 def process_tree(pid: int) -> list[psutil.Process]:
     """`pid` and everything it started. In a sandbox the child's pid is bwrap's, and the student's
     code runs in a process below it: what it holds is held there."""
+    found = []
+    for one in tree_pids(pid):
+        try:
+            found.append(psutil.Process(one))
+        except psutil.Error:
+            continue
+    return found
+
+
+def tree_pids(pid: int) -> list[int]:
+    """`pid` and the pids of everything it started (those that have ended are simply missing)."""
     found, todo = [], [pid]
     while todo:
         current = todo.pop()
-        try:
-            found.append(psutil.Process(current))
-        except psutil.Error:
-            continue
+        found.append(current)
         todo += child_pids(current)
     return found
 
@@ -99,7 +108,8 @@ def child_pids(pid: int) -> list[int]:
     found: list[int] = []
     for tid in tasks:
         try:
-            found += [int(c) for c in Path(f"/proc/{pid}/task/{tid}/children").read_text().split()]
+            with open(f"/proc/{pid}/task/{tid}/children", "rb") as fh:
+                found += [int(c) for c in fh.read().split()]
         except (OSError, ValueError):  # that thread has just ended
             continue
     return found
