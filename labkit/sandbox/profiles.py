@@ -242,10 +242,9 @@ def copy_module(policy: Policy) -> Policy:
     by name and replaced by each start (as before) was unlinked under a bwrap still binding it:
     bwrap then failed ("Can't find .../.labkit-module-client.py (deleted) in mount table") and
     the child ended before loading the module, a course fault seen in CI under load."""
-    missing = [(copy, original) for copy, original in policy.mapped if not os.path.isfile(original)]
     mapped = []
     for copy, original in policy.mapped:
-        if (copy, original) in missing:  # nothing to show: the child then fails to import it, a verdict like any other
+        if not os.path.isfile(original):  # nothing to show: the child then fails to import it, a verdict like any other
             continue
         own = Path(copy).with_name(f"{Path(copy).name}.{uuid.uuid4().hex[:12]}")
         shutil.copyfile(original, own)  # a name no other child knows: whole before it is bound
