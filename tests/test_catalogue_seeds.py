@@ -109,16 +109,19 @@ def seed_problem(lab: str, path: Path) -> str | None:
     return f"{path.name}: seed {SEEDS[0]} and other seeds disagree:\n" + describe(runs, differing)
 
 
+def follows_the_clock(path: Path) -> bool:
+    return f"{path.parent.name}:{path.stem}" in TIMING_DEPENDENT
+
+
 def file_fingerprint(path: Path, steps: dict) -> dict:
     """What `path`'s verdicts are compared by: only its promise when its behaviour follows the clock."""
-    timing = f"{path.parent.name}:{path.stem}" in TIMING_DEPENDENT
-    return promised_fingerprint(path, steps) if timing else fingerprint(steps)
+    return promised_fingerprint(path, steps) if follows_the_clock(path) else fingerprint(steps)
 
 
 def disagreements(path: Path, runs: dict[int, dict]) -> dict[int, list[str]]:
     """Seed → the steps where its fingerprint differs from the first seed's."""
     prints = {seed: file_fingerprint(path, steps) for seed, steps in runs.items()}
-    if f"{path.parent.name}:{path.stem}" in TIMING_DEPENDENT:
+    if follows_the_clock(path):
         assert all(fp[promise(path)["step"]] == (False, True, True) for fp in prints.values()), prints
     first = prints[SEEDS[0]]
     return {seed: [step for step in fp if fp[step] != first[step]] for seed, fp in prints.items()
