@@ -9,7 +9,6 @@ bytearray, never a look-alike.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import Any
 
 MAX_ITEMS = 1000
@@ -19,12 +18,29 @@ MAX_CHARS = 1_000_000  # all the text one encoded value may carry: a huge return
 MAX_INT_BITS = 10_000  # json cannot print an int of more than 4,300 digits (sys.int_max_str_digits)
 
 
-@dataclass(frozen=True)
 class Opaque:
-    """A value the judge cannot rebuild: shown by its type and repr, equal to nothing else."""
+    """A value the judge cannot rebuild: shown by its type and repr, equal to nothing else.
 
-    type_name: str
-    text: str
+    Read-only, like a frozen dataclass; not one, because every judged child imports this
+    module, and `dataclasses` brings `inspect` (~7 ms of a child's ~75 ms start)."""
+
+    __slots__ = ("type_name", "text")
+
+    def __init__(self, type_name: str, text: str) -> None:
+        object.__setattr__(self, "type_name", type_name)
+        object.__setattr__(self, "text", text)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"an Opaque is read-only: cannot set {name}")
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is Opaque and (self.type_name, self.text) == (other.type_name, other.text)
+
+    def __hash__(self) -> int:
+        return hash((self.type_name, self.text))
+
+    def __reduce__(self) -> tuple:  # copy and pickle rebuild it through __init__
+        return Opaque, (self.type_name, self.text)
 
     def __repr__(self) -> str:
         return self.text

@@ -28,7 +28,7 @@ from labkit.limits import RUN_MARKER
 from labkit.sandbox import launcher, reaper, remote
 
 ROOT = Path(__file__).resolve().parents[1]
-PROBE = [sys.executable, "-P", "-m", "labkit.probe.main"]
+PROBE = [*launcher.CHILD_PYTHON, "labkit.probe.main"]
 
 
 @pytest.fixture

@@ -29,6 +29,7 @@ from typing import IO
 from labkit.judge.processes import Budget
 from labkit.limits import CALL_TIMEOUT, CHILD_OUTPUT_BYTES, KILL_GRACE, MAX_RECORD_DEPTH, RUN_MARKER
 from labkit.sandbox import reaper
+from labkit.sandbox.launcher import CHILD_PYTHON
 from labkit.sandbox.profiles import child_box
 from labkit.values import too_deep
 
@@ -98,9 +99,19 @@ class ChildRun:
         return [r for r in self.records if r.get("event") == "note"]
 
 
+def site_packages() -> str:
+    """The package folders on the judge's own sys.path, in its order, for a child without
+    `site` (`labkit.probe.main.add_site_packages`); the same interpreter would add the same."""
+    import site
+
+    folders = {*site.getsitepackages(), site.getusersitepackages()}
+    return os.pathsep.join(p for p in sys.path if p in folders)
+
+
 def child_env(marker: str, extra: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env[RUN_MARKER] = marker
+    env["LABKIT_SITE_PACKAGES"] = site_packages()
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     env.update(extra or {})
@@ -116,19 +127,19 @@ def _read_capped(path: Path) -> str:
 
 def spawn(module: Path, *, workdir: Path, env: dict[str, str], pass_fds: tuple[int, ...],
           stdout: IO[bytes], stderr: IO[bytes]) -> subprocess.Popen:
-    """Start one judged child: `python -P -m labkit.probe.main` for the student's `module`.
+    """Start one judged child: `python -S -P -m labkit.probe.main` for the student's `module`.
 
     The ONE place a child that runs student code is started (`run_child` and `child_session`
     both call it), so a sandbox wraps exactly this. The child gets its own session (one
     killpg ends it and everything it forks), `workdir` as cwd, exactly `env` (see
     `child_env`), only the `pass_fds` beyond stdio (its private pipes, named in `env`), a
     pipe as stdin (the request, then closed) and `stdout`/`stderr` going to the judge's files.
-    `-P`: the student's folder must not shadow the standard library or labkit.
+    `CHILD_PYTHON` says why each flag.
     """
     # Sandboxed when the sandbox is on (labkit.sandbox.profiles.child): its own uid, namespaces
     # and cgroup; it sees only what it needs. A plain Popen when it is off.
     return child_box(module, workdir, env).spawn(
-        [sys.executable, "-P", "-m", "labkit.probe.main"],
+        [*CHILD_PYTHON, "labkit.probe.main"],
         stdin=subprocess.PIPE,
         stdout=stdout,
         stderr=stderr,

@@ -81,10 +81,28 @@ def preload() -> None:
             pass
 
 
+def add_site_packages() -> None:
+    """What `site` would add for the student's imports, in a child started with -S: `exit` and
+    `quit`, and the judge's package folders (`child.site_packages`: a venv's, not the base
+    Python's, which a child without `site` cannot tell apart).
+
+    Their .pth files are not run: they are install hooks, and the course's own is the
+    editable install's finder, ~10 ms of imports in every child for labkit, which the child
+    finds on PYTHONPATH anyway."""
+    import site
+
+    site.setquit()
+    user = site.getusersitepackages() if sys.flags.no_user_site else None
+    folders = os.environ.get("LABKIT_SITE_PACKAGES", "").split(os.pathsep)
+    sys.path += [f for f in folders if f and f != user and f not in sys.path]
+
+
 def main() -> int:
     from labkit.limits import limit_resources
 
     limit_resources()
+    if sys.flags.no_site:
+        add_site_packages()
     preload()
     request = json.loads(sys.stdin.read())
     probe.attach(int(os.environ["LABKIT_RESULT_FD"]), request["module"])

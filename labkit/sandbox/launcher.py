@@ -45,6 +45,10 @@ MAX_FDS = 16
 MAX_BOXES = 64  # children alive at once, per judge
 START_TIMEOUT = 20.0  # for bwrap to report its first process
 PROGRAMS = ("labkit.probe.main",)  # every judged child, the warehouse's receive included
+# How a judged child's interpreter starts (`child.spawn`): -S, no `site` (the probe adds the
+# package folders itself, see `labkit.probe.main.add_site_packages`); -P, the student's folder
+# never shadows the standard library or labkit.
+CHILD_PYTHON = (sys.executable, "-S", "-P", "-m")
 FD_ENV = "LABKIT_LAUNCHER_FD"  # in the judge: the fd of its end of the socket pair
 
 
@@ -189,8 +193,9 @@ class Launcher:
 
         argv, env, workdir = request.get("argv"), request.get("env"), request.get("workdir")
         code_modules, fd_env = request.get("code_modules", []), request.get("fd_env", {})
-        if not (isinstance(argv, list) and len(argv) == 4 and argv[:3] == [sys.executable, "-P", "-m"]
-                and argv[3] in PROGRAMS):
+        if not (isinstance(argv, list) and len(argv) == len(CHILD_PYTHON) + 1
+                and tuple(argv[:-1]) == CHILD_PYTHON
+                and argv[-1] in PROGRAMS):
             raise Refused("only the course's probe may be started")
         if not (isinstance(env, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())):
             raise Refused("the environment must map text to text")
