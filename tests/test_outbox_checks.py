@@ -8,6 +8,7 @@ docstring which step must fail and what the student must be told.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -418,3 +419,40 @@ def test_every_url_step_8_refuses_is_refused_by_the_reference_for_the_reason_its
     for fine in ("http://localhost:8080/events", "http://127.0.0.1:1/events", "http://127.255.255.255:65535/events",
                  "http://127.3.2.1:8080/events"):
         worker._check_url(fine)
+
+
+def _late_first_answers(monkeypatch, delay: float) -> list[str]:
+    """Make the judge's own listeners answer the first request of each "timeout ... is accepted"
+    case `delay` s late, as a handler thread of a judge on an overloaded machine did in CI.
+    Returns the events it delayed (proof that it fired)."""
+    from checks.outbox import replies
+
+    delayed: list[str] = []
+    silence = replies._silence
+
+    def late(conn, seconds, visit, stop):
+        if (visit.event_id or "").startswith("timeout") and visit.event_id not in delayed:
+            delayed.append(visit.event_id)
+            time.sleep(delay)
+        return silence(conn, seconds, visit, stop)
+
+    monkeypatch.setattr(replies, "_silence", late)
+    return delayed
+
+
+def test_a_case_the_judge_itself_kept_waiting_is_run_again(monkeypatch):
+    """The judge answers the first request of a case 0.7 s late: past the 0.5 s timeout of "timeout 0.5
+    is accepted", whose client then rightly gives up. The judge sees from the kernel's arrival
+    stamps that the wait was its own, runs the case again, and the reference passes; with the
+    second run turned off the same delay fails it, so the delay does reach the client."""
+    from checks.outbox import send
+
+    delayed = _late_first_answers(monkeypatch, 0.7)
+    verdict = run_lab(labs.load("outbox"), REFERENCE, steps=["8"], seed=1, explain=False).steps[0]
+    assert delayed and verdict.passed, failures(verdict)
+
+    monkeypatch.setattr(send, "KEPT_WAITING", float("inf"))
+    delayed.clear()
+    verdict = run_lab(labs.load("outbox"), REFERENCE, steps=["8"], seed=1, explain=False).steps[0]
+    failed = {c.name for c in verdict.cases if not c.passed}
+    assert delayed and "timeout 0.5 is accepted" in failed, failed

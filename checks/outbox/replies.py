@@ -5,7 +5,10 @@ perfect ACK, a body of exactly 1,024 or 1,025 bytes with or without Content-Leng
 chunked, JSON that is not an object, a reply that never ends, a reset, silence. Each
 `Listener` answers its connections from a list of `Reply`s, written byte by byte, and keeps a
 `Visit` per connection: the request it read, how many bytes of the answer the client took,
-and when the client was seen to close its end (the judge's evidence for "no leaked socket").
+when the client was seen to close its end (the judge's evidence for "no leaked socket"), and
+how long the judge itself kept the client waiting beyond its script (`Visit.kept_waiting`:
+on a busy machine a handler thread can answer late, and a client with a short timeout then
+fails through no fault of its own).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import select
 import selectors
 import socket
 import struct
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -29,6 +33,9 @@ IO_TIMEOUT = 5.0  # a client that stalls mid-request cannot hold a handler threa
 LINGER = 5.0  # how long after answering the handler waits for the client to close its end
 STREAM_CHUNK = 64 * 1024
 ENDLESS = 64 * 1024 * 1024  # "a reply that never ends": this many bytes, then the server gives up
+# The kernel stamps each segment it receives with its arrival time: the request's real arrival,
+# however late a busy judge's thread reads it (Linux's SO_TIMESTAMPNS; Python has no name for it).
+TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35 if sys.platform == "linux" else None)
 
 Body = bytes | Callable[[str | None], bytes]  # a function of the request's event id
 
@@ -64,9 +71,31 @@ class Visit:
     event_id: str | None = None
     sent: int = 0  # bytes of the answer the client's socket took
     closed_at: float | None = None  # when the client was seen to close its end
+    delay: float = 0.0  # the script's silence before the answer
+    arrived_at: float | None = None  # when the request's last bytes reached this machine (the kernel's stamp)
+    ready_at: float | None = None  # when the judge was ready to answer, or saw the client go
     ended: threading.Event = field(default_factory=threading.Event)
     conn: socket.socket | None = field(default=None, repr=False)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def kept_waiting(self, now: float) -> float:
+        """Seconds the judge kept this client waiting beyond its script: from the request's
+        arrival until the judge was ready to answer, or until `now` when it is not yet (a client
+        that gave up first is judged meanwhile). Before the whole request is read, only a
+        request that waits unread (or a handler not yet started) is the judge's wait."""
+        if self.body is None:
+            return now - self.accepted_at if self.ready_at is None and self._unread() else 0.0
+        end = self.ready_at if self.ready_at is not None else now
+        return max(0.0, end - (self.arrived_at or self.accepted_at) - self.delay)
+
+    def _unread(self) -> bool:
+        with self.lock:
+            if self.conn is None:  # its handler has not started
+                return True
+            try:
+                return bool(select.select([self.conn], [], [], 0)[0])
+            except (OSError, ValueError):
+                return False
 
     def client_gone(self) -> bool:
         """Has the client closed its end? Looks at the socket now (EOF or a reset waiting in it)."""
@@ -110,6 +139,21 @@ class Listener:
             waiting, _, _ = select.select([self.sock], [], [], 0)
             return bool(waiting)
 
+    def kept_waiting(self) -> float:
+        """The longest time the judge kept one of this listener's clients waiting beyond its
+        script; a connection still in the backlog, not yet accepted, was kept waiting outright."""
+        now = time.time()
+        with self.lock:
+            waits = [v.kept_waiting(now) for v in self.visits]
+            if select.select([self.sock], [], [], 0)[0]:
+                waits.append(float("inf"))
+        return max(waits, default=0.0)
+
+    def forget(self) -> None:
+        """Start over: the next connection is the first again (a case run a second time)."""
+        with self.lock:
+            self.visits.clear()
+
     def clients_gone(self, wait: float) -> bool:
         """Did every client of this listener close its connection? Polls for at most `wait`
         (a close reaches a loopback peer at once; the wait only covers a busy machine)."""
@@ -138,6 +182,9 @@ class Replier:
     def listen(self, replies: list[Reply], host: str = "127.0.0.1") -> Listener:
         """A listener answering its n-th connection with replies[n] (the last one repeats)."""
         sock = socket.socket()
+        if TIMESTAMPNS is not None:
+            with contextlib.suppress(OSError):  # accepted connections inherit it
+                sock.setsockopt(socket.SOL_SOCKET, TIMESTAMPNS, 1)
         sock.bind((host, 0))
         sock.listen(16)
         sock.setblocking(False)
@@ -168,9 +215,9 @@ class Replier:
                         conn, _addr = listener.sock.accept()
                     except OSError:
                         continue
-                    visit = Visit(time.time())
+                    visit = Visit(time.time(), delay=reply_for(listener, len(listener.visits)).delay)
                     listener.visits.append(visit)
-                reply = listener.replies[min(len(listener.visits) - 1, len(listener.replies) - 1)]
+                reply = reply_for(listener, len(listener.visits) - 1)
                 thread = threading.Thread(target=_serve, args=(conn, reply, visit, self._stop),
                                           name=f"outbox-replier-{listener.port}", daemon=True)
                 self._threads.append(thread)
@@ -192,6 +239,11 @@ class Replier:
             thread.join(max(0.0, deadline - time.monotonic()))
 
 
+def reply_for(listener: Listener, index: int) -> Reply:
+    """The reply to a listener's `index`-th connection (from 0; the last one repeats)."""
+    return listener.replies[min(index, len(listener.replies) - 1)]
+
+
 def _serve(conn: socket.socket, reply: Reply, visit: Visit, stop: threading.Event) -> None:
     visit.conn = conn
     try:
@@ -206,7 +258,9 @@ def _serve(conn: socket.socket, reply: Reply, visit: Visit, stop: threading.Even
             conn.shutdown(socket.SHUT_RDWR)
             _linger(conn, visit, stop)
             return
-        if _silence(conn, reply.delay, visit, stop):
+        hung_up = _silence(conn, reply.delay, visit, stop)
+        visit.ready_at = time.time()
+        if hung_up:
             return
         body = reply.render_body(visit.event_id)
         if not _send(conn, _head(reply, len(body)), visit):
@@ -230,6 +284,8 @@ def _serve(conn: socket.socket, reply: Reply, visit: Visit, stop: threading.Even
         if visit.closed_at is None:
             visit.closed_at = time.time()
     finally:
+        if visit.ready_at is None:  # no answer to give (no request, a hang-up, a reset): nothing kept it
+            visit.ready_at = time.time()
         with visit.lock:
             visit.conn = None
             with contextlib.suppress(OSError):
@@ -237,10 +293,26 @@ def _serve(conn: socket.socket, reply: Reply, visit: Visit, stop: threading.Even
         visit.ended.set()
 
 
+def _recv(conn: socket.socket, visit: Visit) -> bytes:
+    """One read of the request, noting when its bytes arrived (the kernel's stamp, else now)."""
+    if TIMESTAMPNS is None:
+        chunk = conn.recv(65536)
+        visit.arrived_at = time.time()
+        return chunk
+    chunk, ancillary, _flags, _addr = conn.recvmsg(65536, socket.CMSG_SPACE(16))
+    stamped = [data for level, kind, data in ancillary if level == socket.SOL_SOCKET and kind == TIMESTAMPNS]
+    if stamped and len(stamped[0]) >= 16:
+        seconds, nanoseconds = struct.unpack("qq", stamped[0][:16])
+        visit.arrived_at = seconds + nanoseconds / 1e9
+    else:
+        visit.arrived_at = time.time()
+    return chunk
+
+
 def _read_request(conn: socket.socket, visit: Visit) -> bool:
     data = b""
     while b"\r\n\r\n" not in data:
-        chunk = conn.recv(65536)
+        chunk = _recv(conn, visit)
         if not chunk:
             return False
         data += chunk
@@ -254,7 +326,7 @@ def _read_request(conn: socket.socket, visit: Visit) -> bool:
         name, _, value = line.partition(":")
         visit.headers[name.strip().lower()] = value.strip()
     if visit.headers.get("transfer-encoding", "").lower() == "chunked":
-        body = _read_chunked(conn, rest)
+        body = _read_chunked(conn, rest, visit)
     else:
         try:
             length = int(visit.headers.get("content-length", "0"))
@@ -262,7 +334,7 @@ def _read_request(conn: socket.socket, visit: Visit) -> bool:
             length = 0
         body = rest
         while len(body) < min(length, MAX_BODY):
-            chunk = conn.recv(65536)
+            chunk = _recv(conn, visit)
             if not chunk:
                 break
             body += chunk
@@ -275,11 +347,11 @@ def _read_request(conn: socket.socket, visit: Visit) -> bool:
     return True
 
 
-def _read_chunked(conn: socket.socket, data: bytes) -> bytes:
+def _read_chunked(conn: socket.socket, data: bytes, visit: Visit) -> bytes:
     body = b""
     while len(body) < MAX_BODY:
         while b"\r\n" not in data:
-            chunk = conn.recv(65536)
+            chunk = _recv(conn, visit)
             if not chunk:
                 return body
             data += chunk
@@ -291,7 +363,7 @@ def _read_chunked(conn: socket.socket, data: bytes) -> bytes:
         if size == 0:
             return body
         while len(data) < size + 2:
-            chunk = conn.recv(65536)
+            chunk = _recv(conn, visit)
             if not chunk:
                 return body + data
             data += chunk

@@ -52,6 +52,9 @@ URL_HINTS = {
                         "that the URL is exactly `http://HOST:PORT/events`, character by character.",
 }
 CALLS_PER_CHILD = 30  # calls that talk to a listener, per child (see slices)
+# A judge answers at once, within milliseconds; this late, it was the machine, and the shortest
+# timeout a case gives a client that should get an answer is 0.5 s.
+KEPT_WAITING = 0.1
 TIMEOUT_HINT = "timeout is a positive finite int or float, not bool: anything else is ValueError."
 
 
@@ -148,9 +151,26 @@ class SendHttp:
                     groups += [(plans[part], {"calls": specs[part], "witness": self.witness.url})
                                for part in slices(len(plans), CALLS_PER_CHILD if side else len(plans))]
                 found = {c.name: c for c in self.ctx.side_by_side("sending", groups, env=env)}
+                found.update(self._again_if_kept_waiting(found, env))
             return drawn_after_fixed([found[p.name] for p in self.plans], self.drawn)
         finally:
             self.replier.close()
+
+
+    def _again_if_kept_waiting(self, found: dict[str, Case], env: dict[str, str]) -> dict[str, Case]:
+        """Run once more, in a fresh child, each failed case whose listener answered late: the
+        judge's own thread, on a busy machine, kept the client waiting past a short timeout (seen
+        in CI: "timeout 0.5 is accepted" failed with a TimeoutError under one seed of five). The
+        second run's verdict is the case's, whatever it is: a bug fails it again."""
+        late = [p for p in self.plans if not found[p.name].passed and p.name in self.listeners
+                and self.listeners[p.name].kept_waiting() > KEPT_WAITING]
+        if not late:
+            return {}
+        specs = {spec["name"]: spec for spec in self.specs}
+        for plan in late:
+            self.listeners[plan.name].forget()
+        group = (late, {"calls": [specs[p.name] for p in late], "witness": self.witness.url})
+        return {c.name: c for c in self.ctx.side_by_side("sending", [group], env=env)}
 
 
 def json_ack(event_id: str | None) -> bytes:
