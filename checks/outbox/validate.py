@@ -168,9 +168,8 @@ def check_validate(ctx: StepContext) -> list[Case]:
     hints = {clause: hint for clause, _label, _tries, hint in groups}
     from labkit.judge.differential import after_fixed
 
-    cases = ctx.cases("validating", plans, {"cases_spec": specs})
-    return after_fixed(cases, PROPERTY_NAME, "validate_event on 150 generated events",
-                       lambda: _validate_property(ctx, hints))
+    return after_fixed(lambda: ctx.cases("validating", plans, {"cases_spec": specs}), PROPERTY_NAME,
+                       "validate_event on 150 generated events", lambda: _validate_property(ctx, hints))
 
 
 PROPERTY_NAME = "validate_event agrees with the contract on 150 generated events"

@@ -81,8 +81,8 @@ def check_backoff(ctx: StepContext) -> list[Case]:
         drawn(label, attempt, base, cap)
     from labkit.judge.differential import after_fixed
 
-    cases = ctx.cases("backoffs", plans, {"calls": calls})
-    return after_fixed(cases, BACKOFF_PROPERTY, "backoff on generated inputs", lambda: _backoff_property(ctx))
+    return after_fixed(lambda: ctx.cases("backoffs", plans, {"calls": calls}), BACKOFF_PROPERTY,
+                       "backoff on generated inputs", lambda: _backoff_property(ctx))
 
 
 BACKOFF_PROPERTY = "backoff agrees with the contract on generated inputs"  # differential's default name

@@ -26,7 +26,7 @@ def check_parse(ctx: StepContext) -> list[Case]:
         values.append(line)
     specs = [{"name": p.name, "fn": "parse_line", "args": [encode(v)]} for p, v in zip(plans, values, strict=True)]
     name = "parse_line agrees with the contract on generated lines"
-    return after_fixed(ctx.cases("calls", plans, {"calls": specs}, probes="labkit.probe"), name,
+    return after_fixed(lambda: ctx.cases("calls", plans, {"calls": specs}, probes="labkit.probe"), name,
                       "parse_line on generated lines", lambda: differential(
         ctx, "parse_line", oracle.frames(), oracle.parse_line,
         lambda line: (oracle.line_clause(line), CLAUSE_HINTS[oracle.line_clause(line)]),

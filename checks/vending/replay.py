@@ -145,7 +145,7 @@ def check_replay(ctx: StepContext) -> list[Case]:
         case(label, events, last, limit, "ValueError", both(under(clause, raises("ValueError", hint)), unchanged_input),
              (clause,), hint)
     name = "replay agrees with the contract on generated logs"
-    return after_fixed(ctx.cases("calls", plans, {"calls": calls}, probes="labkit.probe"), name,
+    return after_fixed(lambda: ctx.cases("calls", plans, {"calls": calls}, probes="labkit.probe"), name,
                       "replay on generated logs", lambda: differential(
         ctx, "replay", oracle.replay_args(), oracle.replay,
         lambda *args: (oracle.replay_clause(*args), REPLAY_HINTS[oracle.replay_clause(*args)]),

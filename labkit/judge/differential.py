@@ -66,7 +66,7 @@ from typing import TYPE_CHECKING, Any
 from labkit import probe
 from labkit.judge import expect
 from labkit.judge.child import child_session
-from labkit.judge.run import StepContext
+from labkit.judge.run import StepContext, beside
 from labkit.judge.verdict import Case, Outcome
 from labkit.limits import (
     CALL_TIMEOUT,
@@ -154,6 +154,7 @@ def differential(
     show_call = show_call or (lambda *args: f"{fn}({', '.join(show(a, 80) for a in args)})")
     answers: dict[str, Finding | None] = {}
     budget = {"calls": 0, "limit": examples + shrink_calls, "cpu": 0.0, "wall": 0.0, "deadline": 0.0}
+    dropped = getattr(_SPECULATION, "stop", None)  # set: started ahead, and no longer wanted
 
     started, marker = ctx.first_child()
     with child_session(ctx.solution, workdir=ctx.workdir, timeout=ctx.timeout, marker=marker,
@@ -164,6 +165,8 @@ def differential(
             key = json.dumps(encoded)
             if key in answers:
                 return answers[key]
+            if dropped is not None and dropped.is_set():
+                raise _Stop(None, "not wanted: a fixed case failed")
             if budget["calls"] >= budget["limit"]:
                 return None  # out of calls: shrinking stops improving, the best so far stands
             if budget["cpu"] > PROPERTY_CPU_SECONDS:
@@ -331,16 +334,59 @@ NOT_JUDGED = "not judged: the fixed cases above fail; fix them first"
 NOT_JUDGED_HINT = "The generated inputs are tried once every fixed case above passes: fix those first."
 
 
-def after_fixed(fixed: list[Case], name: str, called: str, run: Callable[[], list[Case]]) -> list[Case]:
+def after_fixed(fixed: list[Case] | Callable[[], list[Case]], name: str, called: str,
+                run: Callable[[], list[Case]]) -> list[Case]:
     """The fixed cases, then the property test `run` only if they all pass.
 
     Generated inputs would find again, under some seeds and not others, a mistake the fixed
     cases find under every seed: the same submission must get the same verdict for any seed.
+
+    `fixed` may be the call that judges them: then, when a core is idle (`idle_core`), the
+    property test starts beside it rather than after it, and is stopped at its next call and
+    dropped if a fixed case fails. The verdict is the same either way (the test draws from its
+    own seed); only the wait is shorter: ~0.35 s instead of ~0.5 s for outbox's step 1 here.
     """
+    if not callable(fixed):
+        return _after(fixed, name, called, run)
+    if not idle_core():
+        return _after(fixed(), name, called, run)
+    stop = threading.Event()
+
+    def ahead() -> list[Case]:
+        _SPECULATION.stop = stop
+        try:
+            return run()
+        finally:
+            _SPECULATION.stop = None
+
+    with beside(ahead) as property_test:
+        cases = fixed()
+        if not all(case.passed for case in cases):
+            stop.set()
+        return _after(cases, name, called, property_test.result)
+
+
+def _after(fixed: list[Case], name: str, called: str, run: Callable[[], list[Case]]) -> list[Case]:
     if all(case.passed for case in fixed):
         return fixed + run()
     return fixed + [Case(name, Outcome.NOT_REACHED, called, "the contract's outcome for each", NOT_JUDGED,
                          NOT_JUDGED_HINT)]
+
+
+# The stop of a property test started ahead of its fixed cases (`after_fixed`), for its thread.
+_SPECULATION = threading.local()
+
+
+def idle_core() -> bool:
+    """Whether a core is free right now: fewer runnable threads on the machine than cores this
+    process may use (the kernel's count in /proc/loadavg, which includes the caller). Work that
+    only saves waiting runs beside other work only then: on a busy machine it would cost CPU."""
+    try:
+        with open("/proc/loadavg") as fh:
+            runnable = int(fh.read().split()[3].partition("/")[0])
+    except (OSError, ValueError, IndexError):
+        return False
+    return runnable < len(os.sched_getaffinity(0))
 
 
 def warm_unicode_tables() -> Path | None:
