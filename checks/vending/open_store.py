@@ -34,6 +34,7 @@ from labkit.judge.expect import (
 from labkit.judge.run import StepContext, together
 from labkit.judge.served import served
 from labkit.judge.verdict import Case
+from labkit.probe import WRITE_SEEN_HOLD
 from labkit.values import decode, encode, show
 
 
@@ -191,8 +192,9 @@ def check_store(ctx: StepContext) -> list[Case]:
     states = [{"path": str(fresh)}, {"path": str(state_saved)}, {"path": str(state_busy), "held": True}]
     interrupted = ctx.path("interrupted")
     interrupted.mkdir()
-    busy = Plan(f"open_store while another connection writes for {LOCK_HELD} s",
-                f"open_store(a saved store) while another connection holds the write lock for {LOCK_HELD} s",
+    busy = Plan("open_store while another connection holds the write lock",
+                f"open_store(a saved store) while another connection holds the write lock (until the call has "
+                f"waited {WRITE_SEEN_HOLD:g} s on it, {LOCK_HELD:g} s at most)",
                 "a connection, once the other gives up the lock: initialisation waits for it (the busy timeout)",
                 waited_for_lock(opened, "2.busy-timeout", WAIT_HINT), WAIT_HINT, clauses=("2.busy-timeout",))
     # Four children side by side: each has files of its own, and its own CPU budget (`served`),
@@ -206,7 +208,7 @@ def check_store(ctx: StepContext) -> list[Case]:
     return [case for cases in runs for case in cases]
 
 
-LOCK_HELD = 0.3  # s: well within the 1 s busy timeout, so a correct open waits and succeeds
+LOCK_HELD = 0.3  # s at most (`probe.hold_write_lock`): well within the 1 s busy timeout, so a correct open waits
 WAIT_HINT = ("Initialise in one `BEGIN IMMEDIATE` transaction with the 1 s busy timeout: it waits for another "
              "writer's lock. A deferred `BEGIN` reads first and then cannot wait when it starts writing "
              "('database is locked' at once).")

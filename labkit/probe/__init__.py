@@ -6,6 +6,7 @@ judge never sees the student's objects, only these descriptions of them.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import importlib
@@ -289,20 +290,55 @@ def report_interrupted(fn: Callable | None, case: dict, *args: Any) -> None:
     report(case["name"], outcome, **observed)
 
 
+# How long the lock stays held once the call began a write: long enough that only a busy wait gets
+# through (a deferred BEGIN that cannot wait fails at once), short enough not to be the student's wait.
+WRITE_SEEN_HOLD = 0.05
+WRITES = ("BEGIN IMMEDIATE", "BEGIN EXCLUSIVE", "INSERT", "UPDATE", "DELETE", "REPLACE", "CREATE", "DROP",
+          "ALTER")
+
+
 def hold_write_lock(path: str, seconds: float) -> Callable[[], None]:
-    """Another connection takes the write lock on `path` now (BEGIN IMMEDIATE) and gives it up
-    after `seconds`, from a thread; returns a function that waits for that (bounded)."""
+    """Another connection takes the write lock on `path` now (BEGIN IMMEDIATE) and keeps it
+    until a connection opened meanwhile has begun a write and waited `WRITE_SEEN_HOLD` s (its
+    statements are traced), or for `seconds` at most (its trace was replaced, or it never
+    writes). Returns a function for when the call is over: it lets go at once and waits for
+    that (bounded). Keyed to the write, not to a guess of how soon it comes, the lock is held
+    while the call writes however busy the machine is, and a correct call waits ~50 ms."""
     other = REAL_CONNECT(path, isolation_level=None, timeout=1.0, check_same_thread=False)
     other.execute("BEGIN IMMEDIATE")
+    wake, over = threading.Event(), threading.Event()
+    connect = sqlite3.connect
+
+    def noticed(sql: str) -> None:
+        if sql.lstrip().upper().startswith(WRITES):
+            wake.set()
+
+    def watching_connect(*args, **kwargs):
+        con = connect(*args, **kwargs)
+        with contextlib.suppress(Exception):  # not a real connection (a factory): untraced, `seconds` then
+            con.set_trace_callback(noticed)
+        return con
 
     def release() -> None:
-        time.sleep(seconds)
+        deadline = time.monotonic() + seconds
+        wake.wait(seconds)
+        if not over.is_set():  # a write began (or the time is up): let it wait on the lock a moment
+            over.wait(min(WRITE_SEEN_HOLD, max(0.0, deadline - time.monotonic())))
         other.execute("ROLLBACK")
         other.close()
 
+    sqlite3.connect = watching_connect
     thread = threading.Thread(target=release, name="labkit-writer", daemon=True)
     thread.start()
-    return lambda: thread.join(seconds + 5.0)
+
+    def done() -> None:
+        if sqlite3.connect is watching_connect:
+            sqlite3.connect = connect
+        over.set()
+        wake.set()
+        thread.join(seconds + 5.0)
+
+    return done
 
 
 INTERRUPT_TRIES = 24  # more statements than any open_* function of the course runs
