@@ -141,21 +141,32 @@ class SendHttp:
         url = f"http://127.0.0.1:{self.proxy.port}"
         env = {k: url for k in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY")}
         env.update(no_proxy="", NO_PROXY="")
-        talks = [spec["name"] not in self.silent for spec in self.specs]
         try:
             with self.witness:
-                groups = []
-                for side in (False, True):  # the calls refused before connecting, then the ones that talk
-                    plans = [p for p, t in zip(self.plans, talks, strict=True) if t == side]
-                    specs = [s for s, t in zip(self.specs, talks, strict=True) if t == side]
-                    groups += [(plans[part], {"calls": specs[part], "witness": self.witness.url})
-                               for part in slices(len(plans), CALLS_PER_CHILD if side else len(plans))]
+                groups = [([self.plans[i] for i in group], {"calls": [self.specs[i] for i in group],
+                                                            "witness": self.witness.url})
+                          for group in self._children()]
                 found = {c.name: c for c in self.ctx.side_by_side("sending", groups, env=env)}
                 found.update(self._again_if_kept_waiting(found, env))
             return drawn_after_fixed([found[p.name] for p in self.plans], self.drawn)
         finally:
             self.replier.close()
 
+
+    def _children(self) -> list[list[int]]:
+        """Which calls each child makes (indexes into plans and specs): the calls refused before
+        connecting in one, those that talk in runs of at most CALLS_PER_CHILD, and the calls whose
+        server is silent on purpose (each takes its timeout, ~0.15 s) one to a child, after the
+        others, so no one child waits through all of them."""
+        waits = {label for label, listener in self.listeners.items()
+                 if any(reply.delay or reply.body_delay for reply in listener.replies)}
+        silent = [i for i, spec in enumerate(self.specs) if spec["name"] in self.silent]
+        talking = [i for i, spec in enumerate(self.specs) if spec["name"] not in self.silent | waits]
+        slow = [i for i, spec in enumerate(self.specs) if spec["name"] in waits - self.silent]
+        children = [talking[part] for part in slices(len(talking), CALLS_PER_CHILD)]
+        for k, i in enumerate(slow):
+            children[k % len(children)].append(i)
+        return [group for group in (silent, *children) if group]
 
     def _again_if_kept_waiting(self, found: dict[str, Case], env: dict[str, str]) -> dict[str, Case]:
         """Run once more, in a fresh child, each failed case whose listener answered late: the
