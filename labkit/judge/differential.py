@@ -378,15 +378,16 @@ _SPECULATION = threading.local()
 
 
 def idle_core() -> bool:
-    """Whether a core is free right now: fewer runnable threads on the machine than cores this
-    process may use (the kernel's count in /proc/loadavg, which includes the caller). Work that
-    only saves waiting runs beside other work only then: on a busy machine it would cost CPU."""
+    """Whether a core is free right now for one more thread: fewer runnable threads on the
+    machine, besides the caller (which then mostly waits for a child), than cores this process
+    may use (the kernel's count in /proc/loadavg includes the caller). Work that only saves
+    waiting runs beside other work only then: on a busy machine it would cost CPU."""
     try:
         with open("/proc/loadavg") as fh:
             runnable = int(fh.read().split()[3].partition("/")[0])
     except (OSError, ValueError, IndexError):
         return False
-    return runnable < len(os.sched_getaffinity(0))
+    return runnable - 1 < len(os.sched_getaffinity(0))
 
 
 def warm_unicode_tables() -> Path | None:
