@@ -96,7 +96,7 @@ def child_of(lab: str, workdir: Path) -> Callable[[], None]:
 
     def once() -> None:
         run = run_child(module, "labkit.probe:noop", {}, workdir=workdir, timeout=step_timeout(),
-                        module_name=spec.module_name)
+                        module_name=spec.module_name, lab=labs.package_of(spec.probes))
         if not run.imported:
             raise SystemExit(f"{module} did not import in a child: {run.stderr[-500:]}")
 

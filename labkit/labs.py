@@ -88,6 +88,14 @@ def manifests() -> dict[str, Manifest]:
     return found
 
 
+def package_of(module: str) -> str | None:
+    """The lab package a dotted module belongs to ("checks.outbox.probes:step" → "checks.outbox"),
+    if it is one of the course's labs: whose probes a child of that module needs to see."""
+    name = module.partition(":")[0]
+    packages = {m.package for m in manifests().values()}
+    return next((p for p in packages if name == p or name.startswith(p + ".")), None)
+
+
 def _course_order(path: Path) -> tuple[int, str]:
     with open(path, "rb") as fh:
         return int(tomllib.load(fh).get("order", 99)), path.parent.name

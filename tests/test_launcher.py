@@ -133,6 +133,8 @@ def test_a_link_swapped_in_after_the_judge_opened_the_folder_is_never_followed(s
     ({"workdir": "/etc"}, "inside the judge's /tmp"),
     ({"workdir": "/tmp/../etc"}, "inside the judge's /tmp"),
     ({"code_modules": ["checks.outbox.oracle"]}, "only modules of labkit/"),
+    ({"lab": "solutions"}, "probes of one of the course's labs only"),
+    ({"lab": ["checks.outbox"]}, "probes of one of the course's labs only"),
     ({"env": {"A": 1}}, "text to text"),
     ({"fd_env": {"LABKIT_RESULT_FD": 3}}, "fds:"),
     ({"op": "format the disk"}, "unknown request"),

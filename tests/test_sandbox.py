@@ -452,6 +452,20 @@ def test_the_policy_never_binds_what_student_code_must_not_see():
         assert str(pyc.parent.parent / (pyc.name.split(".")[0] + ".py")) in seen, pyc
 
 
+def test_a_child_of_one_lab_is_shown_that_labs_probes_only():
+    """Each bind mount costs a child's start ~0.2 ms: a child is shown its own lab's probes (the
+    lab package its probe or its check names), and every lab's only when nothing names one."""
+    workdir = Path(tempfile.gettempdir())
+    shown = {str(p) for p in profiles.child(sandbox.uid(), module=MODULE, workdir=workdir, lab="checks.vending").read_only}
+    every = {str(p) for p in profiles.child(sandbox.uid(), module=MODULE, workdir=workdir).read_only}
+    for lab in labs.manifests().values():
+        probes = {str(lab.path(part)) for part in lab.probes}
+        assert probes <= every, lab.name
+        assert (probes <= shown) == (lab.package == "checks.vending"), (lab.name, probes & shown)
+    assert labs.package_of("checks.vending.sweep_probes:run") == "checks.vending"
+    assert labs.package_of("labkit.probe:serve") is None
+
+
 def test_a_module_that_does_not_exist_is_an_import_verdict_in_the_sandbox(tmp_path):
     """The box copies the module before the child starts; a missing file must not crash the judge."""
     from labkit import labs

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import IO
 
 from labkit.judge.processes import Budget
+from labkit.labs import package_of
 from labkit.limits import CALL_TIMEOUT, CHILD_OUTPUT_BYTES, KILL_GRACE, MAX_RECORD_DEPTH, RUN_MARKER
 from labkit.sandbox import reaper
 from labkit.sandbox.launcher import CHILD_PYTHON
@@ -126,7 +127,7 @@ def _read_capped(path: Path) -> str:
 
 
 def spawn(module: Path, *, workdir: Path, env: dict[str, str], pass_fds: tuple[int, ...],
-          stdout: IO[bytes], stderr: IO[bytes]) -> subprocess.Popen:
+          stdout: IO[bytes], stderr: IO[bytes], lab: str | None = None) -> subprocess.Popen:
     """Start one judged child: `python -S -P -m labkit.probe.main` for the student's `module`.
 
     The ONE place a child that runs student code is started (`run_child` and `child_session`
@@ -134,11 +135,12 @@ def spawn(module: Path, *, workdir: Path, env: dict[str, str], pass_fds: tuple[i
     killpg ends it and everything it forks), `workdir` as cwd, exactly `env` (see
     `child_env`), only the `pass_fds` beyond stdio (its private pipes, named in `env`), a
     pipe as stdin (the request, then closed) and `stdout`/`stderr` going to the judge's files.
-    `CHILD_PYTHON` says why each flag.
+    `CHILD_PYTHON` says why each flag. `lab`: the lab package whose probes it may import
+    (`labs.package_of`); None: any lab's.
     """
     # Sandboxed when the sandbox is on (labkit.sandbox.profiles.child): its own uid, namespaces
     # and cgroup; it sees only what it needs. A plain Popen when it is off.
-    return child_box(module, workdir, env).spawn(
+    return child_box(module, workdir, env, lab=lab).spawn(
         [*CHILD_PYTHON, "labkit.probe.main"],
         stdin=subprocess.PIPE,
         stdout=stdout,
@@ -192,7 +194,7 @@ PRELOAD = "LABKIT_PRELOAD"
 
 
 def start(module: Path, *, workdir: Path, marker: str, env: dict[str, str] | None = None,
-          preload: tuple[str, ...] = ()) -> Started:
+          preload: tuple[str, ...] = (), lab: str | None = None) -> Started:
     """Spawn a child for `module` that waits for its request (`run_child` or `child_session`
     sends it): both private pipes, the student's output to files of its own."""
     io_dir = Path(tempfile.mkdtemp(prefix="labkit-io-"))
@@ -204,7 +206,7 @@ def start(module: Path, *, workdir: Path, marker: str, env: dict[str, str] | Non
         extra[PRELOAD] = ",".join(preload)
     try:
         with open(io_dir / "stdout", "wb") as out, open(io_dir / "stderr", "wb") as err:
-            proc = spawn(module, workdir=workdir, stdout=out, stderr=err, pass_fds=theirs,
+            proc = spawn(module, workdir=workdir, stdout=out, stderr=err, pass_fds=theirs, lab=lab,
                          env=child_env(marker, {**extra, **(env or {})}))
     except BaseException:
         for fd in ours:
@@ -316,6 +318,7 @@ def run_child(
     module_name: str = "worker",
     env: dict[str, str] | None = None,
     started: Started | None = None,
+    lab: str | None = None,
 ) -> ChildRun:
     """Run `probe` (module:function) in a fresh interpreter with the student's module loaded
     (`started`: one already booting, from `start`, used for the first try).
@@ -326,12 +329,13 @@ def run_child(
     """
     marker = started.marker if started is not None else marker or reaper.new_marker()
     deadline = time.monotonic() + timeout
+    lab = lab or package_of(probe)
     run = _run_child_once(module, probe, args, workdir=workdir, timeout=timeout, marker=marker,
-                          module_name=module_name, env=env, started=started)
+                          module_name=module_name, env=env, started=started, lab=lab)
     if run.failed_to_start and deadline - time.monotonic() > 1.0:
         first = run
         run = _run_child_once(module, probe, args, workdir=workdir, timeout=deadline - time.monotonic(),
-                              marker=marker, module_name=module_name, env=env)
+                              marker=marker, module_name=module_name, env=env, lab=lab)
         run.restarted = f"exit code {first.exit_code}: {last_line(first.stderr)}"
     return run
 
@@ -349,10 +353,11 @@ def last_line(text: str) -> str:
 
 
 def _run_child_once(module: Path, probe: str, args: dict, *, workdir: Path, timeout: float, marker: str,
-                    module_name: str, env: dict[str, str] | None, started: Started | None = None) -> ChildRun:
+                    module_name: str, env: dict[str, str] | None, started: Started | None = None,
+                    lab: str | None = None) -> ChildRun:
     request = _start_request(module, module_name, probe, args)
     if started is None:
-        started = start(module, workdir=workdir, marker=marker, env=env)
+        started = start(module, workdir=workdir, marker=marker, env=env, lab=lab)
     run = ChildRun(started_at=time.time())
     begun = time.monotonic()
     proc = started.proc
@@ -654,6 +659,7 @@ def child_session(
     probe: str = "labkit.probe:serve",
     args: dict | None = None,
     started: Started | None = None,
+    lab: str | None = None,
 ) -> Iterator[ChildSession]:
     """A child that stays up and answers `session.call(request)` one at a time.
 
@@ -669,7 +675,7 @@ def child_session(
     """
     marker = started.marker if started is not None else marker or reaper.new_marker()
     if started is None:
-        started = start(module, workdir=workdir, marker=marker, env=env)
+        started = start(module, workdir=workdir, marker=marker, env=env, lab=lab or package_of(probe))
     session = ChildSession(started.proc, marker, started.result_r, started.request_w, started.io_dir,
                            ChildRun(started_at=time.time()))
     try:

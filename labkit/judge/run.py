@@ -116,7 +116,8 @@ class StepContext:
     def start_early(self) -> None:
         """Start the step's first child now: it boots while the check prepares its servers and
         files, and the check's first `child`, `cases` or session in this folder takes it."""
-        self.early = start(self.solution, workdir=self.workdir, marker=self.marker(), preload=self.lab.preload)
+        self.early = start(self.solution, workdir=self.workdir, marker=self.marker(), preload=self.lab.preload,
+                           lab=labs.package_of(self.lab.probes))
 
     def take_early(self, env: dict[str, str] | None = None) -> Started | None:
         """The early child, once, for a child with no environment of its own; else None."""
@@ -166,7 +167,7 @@ class StepContext:
         started, marker = self.first_child(env)
         return run_child(self.solution, f"{probes or self.lab.probes}:{probe}", args, workdir=self.workdir,
                          timeout=timeout or self.timeout, marker=marker, module_name=self.lab.module_name,
-                         env=env, started=started)
+                         env=env, started=started, lab=labs.package_of(self.lab.probes))
 
     def cases(self, probe: str, plans: list[expect.Plan], args: dict | None = None,
               env: dict[str, str] | None = None, probes: str | None = None) -> list[Case]:
@@ -268,7 +269,7 @@ def _import_failure(lab: LabSpec, solution: Path, timeout: float) -> tuple[str, 
     marker = reaper.new_marker()
     try:
         run = run_child(solution, "labkit.probe:noop", {}, workdir=workdir, timeout=timeout,
-                        marker=marker, module_name=lab.module_name)
+                        marker=marker, module_name=lab.module_name, lab=labs.package_of(lab.probes))
     finally:
         reaper.kill_marked(marker)
         shutil.rmtree(workdir, ignore_errors=True)

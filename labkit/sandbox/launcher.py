@@ -16,7 +16,7 @@ children at once than `MAX_BOXES`, a malformed or oversized message.
 Requests (one SOCK_SEQPACKET datagram each, JSON, fds attached) and replies:
 
     {"op": "spawn", "rid": r, "argv": [...], "env": {...}, "workdir": "/tmp/...",
-     "code_modules": [...], "fd_env": {"LABKIT_RESULT_FD": i}}   fds: stdin, stdout, stderr, workdir, *pass
+     "code_modules": [...], "lab": "checks.outbox" | null, "fd_env": {"LABKIT_RESULT_FD": i}}   fds: stdin, stdout, stderr, workdir, *pass
         → {"rid": r, "box": b, "pid": <the box's first process, in the judge's pid namespace>}
     {"op": "kill" | "stop" | "cont", "rid": r, "box": b}         → {"rid": r, "ok": true}
     {"op": "pids", "rid": r, "box": b}                             → {"rid": r, "pids": [...]}
@@ -189,10 +189,11 @@ class Launcher:
         return {"pids": [p for p in (self._judge_pid(h) for h in child.box.program_pids()) if p is not None]}
 
     def _spawn(self, request: dict, fds: list[int]) -> dict:
+        from labkit import labs
         from labkit.sandbox import profiles
 
         argv, env, workdir = request.get("argv"), request.get("env"), request.get("workdir")
-        code_modules, fd_env = request.get("code_modules", []), request.get("fd_env", {})
+        code_modules, fd_env, lab = request.get("code_modules", []), request.get("fd_env", {}), request.get("lab")
         if not (isinstance(argv, list) and len(argv) == len(CHILD_PYTHON) + 1
                 and tuple(argv[:-1]) == CHILD_PYTHON
                 and argv[-1] in PROGRAMS):
@@ -204,6 +205,8 @@ class Launcher:
         if not (isinstance(code_modules, list) and all(isinstance(m, str) and m.startswith("labkit.")
                                                        for m in code_modules)):
             raise Refused("only modules of labkit/ may be shown to a child")
+        if lab is not None and not (isinstance(lab, str) and lab in {m.package for m in labs.manifests().values()}):
+            raise Refused("a child may be shown the probes of one of the course's labs only")
         if not (isinstance(fd_env, dict) and len(fds) >= 4 and len(fds) - 4 == len(fd_env)
                 and all(isinstance(k, str) and k.startswith("LABKIT_") and k.endswith("_FD")
                         and isinstance(v, int) and 0 <= v < len(fds) - 4 for k, v in fd_env.items())):
@@ -219,7 +222,7 @@ class Launcher:
         env = {**env, **{key: str(passed[index]) for key, index in fd_env.items()}}
         try:
             policy = profiles.launched_child(self.uid, module=self.module, workdir=Path(workdir),
-                                             code_modules=tuple(code_modules), env=env)
+                                             code_modules=tuple(code_modules), env=env, lab=lab)
             if [str(path) for path in policy.writable] != [workdir]:  # only ever the fd's folder
                 raise Refused("a child may write its step folder only")
             box = Box.open(policy, self.hierarchy, chown_writable=False)

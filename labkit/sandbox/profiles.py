@@ -73,13 +73,15 @@ def _code(relative: tuple[str, ...] | list[str]) -> list[Path]:
     return _with_bytecode([ROOT / rel for rel in relative if (ROOT / rel).exists()])
 
 
-def _probe_modules() -> list[Path]:
-    """Every lab's child-side probes (its manifest's `probes`, with the package's `__init__`);
-    never the judge-side checks."""
+def _probe_modules(package: str | None = None) -> list[Path]:
+    """The child-side probes (a manifest's `probes`, with the package's `__init__`) of the lab
+    `package` ("checks.outbox"), or of every lab when it is None or no lab's; never the
+    judge-side checks. One lab's are half a dozen files: each is a bind mount (~0.2 ms apiece)."""
     from labkit import labs
 
     found = []
-    for lab in labs.manifests().values():
+    every = list(labs.manifests().values())
+    for lab in [m for m in every if m.package == package] or every:
         found += [lab.folder / "__init__.py", *(lab.path(part) for part in lab.probes)]
     return _with_bytecode(found)
 
@@ -122,8 +124,9 @@ def compile_course() -> None:
 
 
 def child(uid: int, *, module: Path, workdir: Path, code_modules: tuple[str, ...] = (),
-          env: dict[str, str] | None = None) -> Policy:
-    """A judge's child: imports the student's module and runs one probe (or serves `receive`)."""
+          env: dict[str, str] | None = None, lab: str | None = None) -> Policy:
+    """A judge's child: imports the student's module and runs one probe (or serves `receive`).
+    `lab`: the package whose probes it runs (`labs.package_of`); None: every lab's."""
     extra = [f for f in map(module_file, code_modules) if f is not None and f.is_relative_to(ROOT)]
     for name in code_modules:  # a package's __init__ along the way (labkit.servers.warehouse)
         parts = name.split(".")[:-1]
@@ -138,7 +141,7 @@ def child(uid: int, *, module: Path, workdir: Path, code_modules: tuple[str, ...
     shown = ((workdir / f".labkit-module-{module.name}", str(module)),)
     return Policy(
         uid=uid, gid=uid,
-        read_only=tuple(dict.fromkeys([*runtime(), *_code(CHILD_CODE), *_probe_modules(), *_with_bytecode(extra)])),
+        read_only=tuple(dict.fromkeys([*runtime(), *_code(CHILD_CODE), *_probe_modules(lab), *_with_bytecode(extra)])),
         writable=(workdir,),
         mapped=shown,
         cwd=workdir,
@@ -177,11 +180,11 @@ def kernel(uid: int, *, home: str, sockets: Path, lab: str, shown: dict[Path, st
 
 
 def launched_child(uid: int, *, module: Path, workdir: Path, code_modules: tuple[str, ...] = (),
-                   env: dict[str, str] | None = None) -> Policy:
+                   env: dict[str, str] | None = None, lab: str | None = None) -> Policy:
     """A judge's child as the launcher makes it: `child`, but the module is shown from the
     grader's own copy (readable, outside every box) and the step folder is bound from the
     directory fd the judge sent (`Box.bound_fds`): nothing is copied into or read from it."""
-    policy = child(uid, module=module, workdir=Path("/"), code_modules=code_modules, env=env)
+    policy = child(uid, module=module, workdir=Path("/"), code_modules=code_modules, env=env, lab=lab)
     # The step folder's path is the judge's, named in its request: used as text, never resolved
     # here (the launcher's view of the filesystem is not the judge's, and root follows links).
     return dataclasses.replace(policy, mapped=(), read_only=(*policy.read_only, Path(module).resolve()),
@@ -214,7 +217,8 @@ def judge_box(uid: int, *, module: Path, tmp: str, env: dict[str, str], tables: 
     )
 
 
-def child_box(module: Path, workdir: Path, env: dict[str, str], code_modules: tuple[str, ...] = ()):
+def child_box(module: Path, workdir: Path, env: dict[str, str], code_modules: tuple[str, ...] = (),
+              lab: str | None = None):
     """A box for one judged child (a `NullBox` when the sandbox is off here).
 
     `env` is the environment the caller made for the child; inside the sandbox the child gets
@@ -226,11 +230,11 @@ def child_box(module: Path, workdir: Path, env: dict[str, str], code_modules: tu
 
     launcher = remote.connection()
     if launcher is not None:  # an unprivileged judge: the launcher makes the box
-        return remote.RemoteBox(launcher, code_modules)
+        return remote.RemoteBox(launcher, code_modules, lab=lab)
     if not sandbox.enabled():
         return sandbox.NullBox()
     own = {k: v for k, v in env.items() if os.environ.get(k) != v}
-    policy = child(sandbox.uid(), module=module, workdir=workdir, code_modules=code_modules, env=own)
+    policy = child(sandbox.uid(), module=module, workdir=workdir, code_modules=code_modules, env=own, lab=lab)
     return sandbox.Box.open(copy_module(policy), sandbox.support().cgroups)
 
 

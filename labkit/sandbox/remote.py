@@ -123,6 +123,7 @@ class RemoteBox:
 
     conn: _Connection
     code_modules: tuple[str, ...] = ()
+    lab: str | None = None  # the lab package whose probes the child sees (`profiles.child`)
     number: int | None = None
     active: bool = True
     remote: bool = True  # its processes are listed by the launcher, from the box's cgroup
@@ -159,7 +160,8 @@ class RemoteBox:
             opened.append(folder)
             fds = [stdin_fd, fd_of(stdout, os.O_WRONLY), fd_of(stderr, os.O_WRONLY), folder, *pass_fds]
             reply = self.conn.ask({"op": "spawn", "argv": list(argv), "env": own, "workdir": str(cwd),
-                                   "code_modules": list(self.code_modules), "fd_env": fd_env}, fds)
+                                   "code_modules": list(self.code_modules), "lab": self.lab,
+                                   "fd_env": fd_env}, fds)
         except BaseException:
             if pipe_w is not None:
                 os.close(pipe_w)
