@@ -361,7 +361,11 @@ def after_fixed(fixed: list[Case] | Callable[[], list[Case]], name: str, called:
             _SPECULATION.stop = None
 
     with beside(ahead) as property_test:
-        cases = fixed()
+        try:
+            cases = fixed()
+        except BaseException:
+            stop.set()  # leaving the block waits for the test: let it end at its next call
+            raise
         if not all(case.passed for case in cases):
             stop.set()
         return _after(cases, name, called, property_test.result)
