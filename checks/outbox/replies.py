@@ -251,6 +251,8 @@ def _serve(conn: socket.socket, reply: Reply, visit: Visit, stop: threading.Even
         if not _read_request(conn, visit):
             visit.closed_at = time.time()
             return
+        if reply.hang_up:  # the answer is to hang up, at once
+            visit.ready_at = time.time()
         if reply.hang_up == "reset":
             conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             return  # close() below sends the reset
