@@ -298,10 +298,9 @@ def _serve(conn: socket.socket, reply: Reply, visit: Visit, stop: threading.Even
 def _recv(conn: socket.socket, visit: Visit) -> bytes:
     """One read of the request, noting when its bytes arrived (the kernel's stamp, else now)."""
     if TIMESTAMPNS is None:
-        chunk = conn.recv(65536)
-        visit.arrived_at = time.time()
-        return chunk
-    chunk, ancillary, _flags, _addr = conn.recvmsg(65536, socket.CMSG_SPACE(16))
+        chunk, ancillary = conn.recv(65536), []
+    else:
+        chunk, ancillary, _flags, _addr = conn.recvmsg(65536, socket.CMSG_SPACE(16))
     stamped = [data for level, kind, data in ancillary if level == socket.SOL_SOCKET and kind == TIMESTAMPNS]
     if stamped and len(stamped[0]) >= 16:
         seconds, nanoseconds = struct.unpack("qq", stamped[0][:16])

@@ -152,7 +152,6 @@ class SendHttp:
         finally:
             self.replier.close()
 
-
     def _children(self) -> list[list[int]]:
         """Which calls each child makes (indexes into plans and specs): the calls refused before
         connecting in one, those that talk in runs of at most CALLS_PER_CHILD, and the calls whose

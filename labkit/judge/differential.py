@@ -68,7 +68,6 @@ from labkit.judge import expect
 from labkit.judge.child import child_session
 from labkit.judge.run import StepContext, beside
 from labkit.judge.verdict import Case, Outcome
-from labkit.labs import package_of
 from labkit.limits import (
     CALL_TIMEOUT,
     PROPERTY_CPU_SECONDS,
@@ -159,7 +158,7 @@ def differential(
 
     started, marker = ctx.first_child()
     with child_session(ctx.solution, workdir=ctx.workdir, timeout=ctx.timeout, marker=marker,
-                       started=started, module_name=ctx.lab.module_name, lab=package_of(ctx.lab.probes)) as session:
+                       started=started, module_name=ctx.lab.module_name, lab=ctx.lab.package) as session:
 
         def answer(args: tuple) -> Finding | None:
             encoded = [encode(a) for a in args]

@@ -54,6 +54,11 @@ class LabSpec:
     session: Callable[[], Any] | None = None
     preload: tuple[str, ...] = ()  # what a child imports before its request (the manifest's)
 
+    @property
+    def package(self) -> str | None:
+        """The lab package its probes are in (`labs.package_of`): what its children are shown."""
+        return labs.package_of(self.probes)
+
     def step(self, number: int | str) -> StepSpec:
         for spec in self.steps:
             if str(spec.step) == str(number):
@@ -117,7 +122,7 @@ class StepContext:
         """Start the step's first child now: it boots while the check prepares its servers and
         files, and the check's first `child`, `cases` or session in this folder takes it."""
         self.early = start(self.solution, workdir=self.workdir, marker=self.marker(), preload=self.lab.preload,
-                           lab=labs.package_of(self.lab.probes))
+                           lab=self.lab.package)
 
     def take_early(self, env: dict[str, str] | None = None) -> Started | None:
         """The early child, once, for a child with no environment of its own; else None."""
@@ -167,7 +172,7 @@ class StepContext:
         started, marker = self.first_child(env)
         return run_child(self.solution, f"{probes or self.lab.probes}:{probe}", args, workdir=self.workdir,
                          timeout=timeout or self.timeout, marker=marker, module_name=self.lab.module_name,
-                         env=env, started=started, lab=labs.package_of(self.lab.probes))
+                         env=env, started=started, lab=self.lab.package)
 
     def cases(self, probe: str, plans: list[expect.Plan], args: dict | None = None,
               env: dict[str, str] | None = None, probes: str | None = None) -> list[Case]:
@@ -269,7 +274,7 @@ def _import_failure(lab: LabSpec, solution: Path, timeout: float) -> tuple[str, 
     marker = reaper.new_marker()
     try:
         run = run_child(solution, "labkit.probe:noop", {}, workdir=workdir, timeout=timeout,
-                        marker=marker, module_name=lab.module_name, lab=labs.package_of(lab.probes))
+                        marker=marker, module_name=lab.module_name, lab=lab.package)
     finally:
         reaper.kill_marked(marker)
         shutil.rmtree(workdir, ignore_errors=True)

@@ -205,7 +205,7 @@ class Launcher:
         if not (isinstance(code_modules, list) and all(isinstance(m, str) and m.startswith("labkit.")
                                                        for m in code_modules)):
             raise Refused("only modules of labkit/ may be shown to a child")
-        if lab is not None and not (isinstance(lab, str) and lab in {m.package for m in labs.manifests().values()}):
+        if lab is not None and not (isinstance(lab, str) and labs.package_of(lab) == lab):
             raise Refused("a child may be shown the probes of one of the course's labs only")
         if not (isinstance(fd_env, dict) and len(fds) >= 4 and len(fds) - 4 == len(fd_env)
                 and all(isinstance(k, str) and k.startswith("LABKIT_") and k.endswith("_FD")
