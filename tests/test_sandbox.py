@@ -393,6 +393,58 @@ def test_the_cgroup_is_removed_after_the_run(tmp_path):
     assert all(not p.exists() for p in paths)
 
 
+
+def test_a_process_that_joins_the_group_after_the_kill_is_killed_and_the_group_removed():
+    """A box closed while its command line's shell is still joining the group: the kill pass
+    found it empty, then the shell joined. Seen twice in CI as a child that outlived its run,
+    in a group nobody removed."""
+    from labkit.sandbox import bwrap, cgroups
+
+    hierarchy = sandbox.support().cgroups
+    if hierarchy is None:
+        pytest.skip("no cgroups here")
+    group = cgroups.Group.create(hierarchy, 64 * MiB, 16)
+    assert group.kill() == 0  # empty: nothing to kill yet
+    late = subprocess.Popen(["/bin/sh", "-c", bwrap.JOIN_CGROUPS, "sh", *map(str, group.procs_files),
+                             "--", "sleep", "60"])
+    deadline = time.monotonic() + 10
+    while late.pid not in group.pids() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert late.pid in group.pids(), "the late command line never joined"
+    try:
+        assert group.remove(), "the group outlived the process that joined it late"
+        assert late.wait(timeout=5) == -signal.SIGKILL
+        assert all(not p.exists() for p in group.paths.values())
+    finally:
+        late.kill()
+        late.wait(timeout=5)
+        group.remove()
+
+
+def test_a_child_whose_end_is_not_seen_in_time_still_has_its_box_emptied_and_removed(tmp_path, monkeypatch):
+    """A box closes when its bwrap's end is seen; on a loaded machine that wait can run out.
+    Then the judge empties and removes the box all the same: nothing of it runs on."""
+    from labkit.judge import child
+
+    if sandbox.support().cgroups is None:
+        pytest.skip("no cgroups here")
+    started = child.start(MODULE, workdir=tmp_path, marker=reaper.new_marker(), lab="checks.outbox")
+    proc, box = started.proc, started.proc._box
+    paths = list(box.group.paths.values())
+    real_wait, waits = proc.wait, []
+
+    def slow_wait(timeout=None):
+        waits.append(timeout)
+        if len(waits) == 1:
+            raise subprocess.TimeoutExpired(proc.args, timeout)
+        return real_wait(timeout)
+
+    monkeypatch.setattr(proc, "wait", slow_wait)
+    started.close()
+    assert waits, "the judge never waited for the child"
+    assert all(not p.exists() for p in paths), "the box's group outlived its child"
+    assert box._closed
+
 # --- exit codes and signals, as the judge sees them ---------------------------------------------
 
 

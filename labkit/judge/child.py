@@ -302,7 +302,10 @@ def _kill(proc: subprocess.Popen, marker: str) -> None:
     try:  # reap our own child first, so Popen (not the reaper) records its status
         proc.wait(timeout=KILL_GRACE)
     except subprocess.TimeoutExpired:
-        pass
+        # Its box closes when its end is seen, and it was not: empty and remove it all the same.
+        box = getattr(proc, "_box", None)
+        if box is not None and getattr(box, "active", False):
+            box.close(proc)
     reaper.kill_marked(marker)
     reaper.collect(forked, time.monotonic() + KILL_GRACE, parents=frozenset({proc.pid}))
 

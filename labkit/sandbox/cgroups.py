@@ -166,7 +166,11 @@ class Group:
         return len(killed)
 
     def remove(self, grace: float = 2.0) -> bool:
-        """Remove the group (after `kill`); True when it is gone."""
+        """Remove the group (after `kill`); True when it is gone.
+
+        A group still in use is killed again: a command line that joined it after `kill` looked
+        (a box closed while its shell was still starting) would otherwise run on in a group
+        nobody removes."""
         deadline = time.monotonic() + grace
         remaining = list(dict.fromkeys(self.paths.values()))
         while remaining:
@@ -180,6 +184,8 @@ class Group:
                     pass
             if not remaining or time.monotonic() > deadline:
                 break
+            if self.pids():
+                self.kill(grace=max(0.0, deadline - time.monotonic()))
             time.sleep(0.01)
         return not remaining
 
