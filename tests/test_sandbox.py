@@ -421,6 +421,28 @@ def test_a_process_that_joins_the_group_after_the_kill_is_killed_and_the_group_r
         group.remove()
 
 
+def test_a_group_still_busy_after_the_grace_is_removed_later_not_left():
+    """An empty group whose removal is refused past the grace (here: a group nested in it, as a
+    slow pid-namespace teardown refuses it) is removed by the next group's creation."""
+    from labkit.sandbox import cgroups
+
+    hierarchy = sandbox.support().cgroups
+    if hierarchy is None:
+        pytest.skip("no cgroups here")
+    group = cgroups.Group.create(hierarchy, 64 * MiB, 16)
+    nested = [path / "busy" for path in dict.fromkeys(group.paths.values())]
+    for path in nested:
+        path.mkdir()
+    try:
+        assert not group.remove(grace=0.05)
+        assert all(p.exists() for p in group.paths.values())
+    finally:
+        for path in nested:
+            path.rmdir()
+    cgroups.Group.create(hierarchy, 64 * MiB, 16).remove()  # the next box's group
+    assert all(not p.exists() for p in group.paths.values()), "the busy group was left behind"
+
+
 def test_a_child_whose_end_is_not_seen_in_time_still_has_its_box_emptied_and_removed(tmp_path, monkeypatch):
     """A box closes when its bwrap's end is seen; on a loaded machine that wait can run out.
     Then the judge empties and removes the box all the same: nothing of it runs on."""

@@ -9,8 +9,10 @@ v2 (the unified hierarchy with those controllers) are both understood.
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -92,6 +94,7 @@ class Group:
     @classmethod
     def create(cls, hierarchy: Hierarchy, memory_bytes: int | None, max_processes: int | None,
                prefix: str = "labkit") -> Group:
+        remove_later()
         group = cls(hierarchy, f"{prefix}-{uuid.uuid4().hex[:12]}")
         for controller, parent in hierarchy.parents.items():
             path = parent / group.name
@@ -187,7 +190,38 @@ class Group:
             if self.pids():
                 self.kill(grace=max(0.0, deadline - time.monotonic()))
             time.sleep(0.01)
+        # Still busy after the grace (a pid namespace that takes seconds to tear down on a loaded
+        # machine): removed later, when the next group is made or this process exits.
+        with _LATER_LOCK:
+            _LATER.update(remaining)
         return not remaining
+
+
+# Groups whose removal was still refused at the end of `Group.remove`: everything in them was
+# killed, so they empty soon; each try is one rmdir, never a wait.
+_LATER: set[Path] = set()
+_LATER_LOCK = threading.Lock()
+
+
+def remove_later() -> int:
+    """Remove the groups left for later that are empty by now; how many are still left."""
+    with _LATER_LOCK:
+        for path in list(_LATER):
+            try:
+                path.rmdir()
+                _LATER.discard(path)
+            except FileNotFoundError:
+                _LATER.discard(path)
+            except OSError:
+                pass
+        return len(_LATER)
+
+
+@atexit.register
+def _remove_at_exit(grace: float = 5.0) -> None:
+    deadline = time.monotonic() + grace
+    while remove_later() and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def _try_write(path: Path, value: str) -> bool:
