@@ -116,9 +116,13 @@ def judged(record: dict) -> dict:
     return record["observed"].get("judge") or {}
 
 
-def can_write(path: Path) -> bool:
-    """Can the judge enter a write transaction on `path` right now? (A real lock test.)"""
-    with closing(stores.connect(path, 0.05)) as con:  # refuses a link or FIFO in place of the file
+def can_write(path: Path, wait: float = 0.05) -> bool:
+    """Can the judge enter a write transaction on `path` right now? (A real lock test.)
+
+    `wait`: how long a lock may take to go. Right after a call, a moment (the student's
+    connection may still be closing); while the child is held inside fault() its locks cannot
+    change, so no wait (a correct solution holds the lock there: 50 ms a look, 0.25 s a step)."""
+    with closing(stores.connect(path, wait)) as con:  # refuses a link or FIFO in place of the file
         try:
             con.execute("BEGIN IMMEDIATE")
         except sqlite3.OperationalError:

@@ -32,7 +32,7 @@ def look_mid_transaction(path: Path) -> dict:
     """While fault() waits: is the store write-locked, and what is committed? (The judge's own
     connections.)"""
     try:
-        locked = not can_write(path)
+        locked = not can_write(path, wait=0)
     except sqlite3.DatabaseError:
         locked = None
     return {"write_locked": locked, "outside": snapshot(path)}
