@@ -177,14 +177,7 @@ class Group:
         deadline = time.monotonic() + grace
         remaining = list(dict.fromkeys(self.paths.values()))
         while remaining:
-            for path in list(remaining):
-                try:
-                    path.rmdir()
-                    remaining.remove(path)
-                except FileNotFoundError:
-                    remaining.remove(path)
-                except OSError:
-                    pass
+            remaining = _rmdirs(remaining)
             if not remaining or time.monotonic() > deadline:
                 break
             if self.pids():
@@ -206,15 +199,22 @@ _LATER_LOCK = threading.Lock()
 def remove_later() -> int:
     """Remove the groups left for later that are empty by now; how many are still left."""
     with _LATER_LOCK:
-        for path in list(_LATER):
-            try:
-                path.rmdir()
-                _LATER.discard(path)
-            except FileNotFoundError:
-                _LATER.discard(path)
-            except OSError:
-                pass
+        left = _rmdirs(_LATER)
+        _LATER.intersection_update(left)
         return len(_LATER)
+
+
+def _rmdirs(paths) -> list[Path]:
+    """One rmdir of each path; those still there (busy)."""
+    left = []
+    for path in paths:
+        try:
+            path.rmdir()
+        except FileNotFoundError:
+            pass
+        except OSError:
+            left.append(path)
+    return left
 
 
 @atexit.register
