@@ -1,7 +1,7 @@
 """What a judge run could leave behind, counted before and after it (see `conftest.nothing_left`).
 
 A snapshot holds: processes carrying a marker with our prefix (found as the reaper finds them,
-through /proc/*/environ), child processes of this test process, zombies among them, listening
+through /proc/*/environ), child processes of this test process (but its zygotes), zombies among them, listening
 TCP sockets of this process and its children, and the judge's `labkit-*` temp dirs in a
 private temp dir. Two snapshots must be equal.
 """
@@ -14,6 +14,7 @@ from pathlib import Path
 import psutil
 
 from labkit.limits import RUN_MARKER
+from labkit.sandbox import zygote
 
 
 def marked(prefix: str) -> set[int]:
@@ -33,7 +34,9 @@ def marked(prefix: str) -> set[int]:
 
 def snapshot(prefix: str, private: Path) -> dict:
     me = psutil.Process()
-    children = me.children(recursive=True)
+    # The judge's zygotes live as long as this process, by design (labkit.sandbox.zygote); what
+    # they fork for a run must be gone like everything else.
+    children = [c for c in me.children(recursive=True) if c.pid not in zygote.pids()]
     listening = set()
     for proc in [me, *children]:
         try:

@@ -29,7 +29,7 @@ from typing import IO
 from labkit.judge.processes import Budget
 from labkit.labs import package_of
 from labkit.limits import CALL_TIMEOUT, CHILD_OUTPUT_BYTES, KILL_GRACE, MAX_RECORD_DEPTH, RUN_MARKER
-from labkit.sandbox import reaper
+from labkit.sandbox import reaper, zygote
 from labkit.sandbox.launcher import CHILD_PYTHON
 from labkit.sandbox.profiles import child_box
 from labkit.values import too_deep
@@ -140,7 +140,15 @@ def spawn(module: Path, *, workdir: Path, env: dict[str, str], pass_fds: tuple[i
     """
     # Sandboxed when the sandbox is on (labkit.sandbox.profiles.child): its own uid, namespaces
     # and cgroup; it sees only what it needs. A plain Popen when it is off.
-    return child_box(module, workdir, env, lab=lab).spawn(
+    box = child_box(module, workdir, env, lab=lab)
+    if zygote.usable(box):  # the same box, the interpreter forked warm into it
+        proc = zygote.spawn(box, stdin=subprocess.PIPE, stdout=stdout, stderr=stderr, pass_fds=pass_fds,
+                            lab=lab, preload=env.get(PRELOAD, ""), site_packages=env.get("LABKIT_SITE_PACKAGES", ""))
+        if proc is not None:
+            return proc
+        box.close()  # the zygote could not serve it: a fresh child, in a fresh box
+        box = child_box(module, workdir, env, lab=lab)
+    return box.spawn(
         [*CHILD_PYTHON, "labkit.probe.main"],
         stdin=subprocess.PIPE,
         stdout=stdout,

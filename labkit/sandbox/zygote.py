@@ -1,0 +1,277 @@
+"""A judged child forked from a warm interpreter into its box, instead of started fresh.
+
+`spawn(box, ...)` gives what `Box.spawn` gives (a Popen-like `ZygotePopen`), for the same box:
+bwrap still makes every mount, the fresh /tmp, the namespaces and the cgroup of each case; only
+the interpreter that runs in it is not started and warmed again. The box's command is a shell
+that says "ready" once bwrap has set everything up, then sleeps; the zygote (`zygote_main.py`,
+one per judge process and lab) forks the child into the box's namespaces and cgroup, and the
+child drops to the box's uid, limits and seccomp filter itself before the student's module
+loads. Measured (benchmarks/child_cost.py): a child costs 20-25 ms of CPU this way, against
+60-140 ms started fresh (pipeline's psycopg and valkey alone are ~100 ms).
+
+Only for a box this process makes itself as root (a grading judge's children are made by the
+launcher, `remote.py`); `LABKIT_ZYGOTE=off` starts every child fresh. When the zygote cannot
+serve a case (it did not start, it is gone), `spawn` returns None and the caller starts the
+child fresh: never a verdict about the student.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from labkit.limits import KILL_GRACE
+from labkit.sandbox.box import Box, Report
+from labkit.sandbox.zygote_main import FD_ENV, MAX_MESSAGE, NAMESPACES, STATUS
+
+ENV = "LABKIT_ZYGOTE"  # "off": every judged child starts fresh
+ROOT = Path(__file__).resolve().parents[2]
+MAIN = str(ROOT / "labkit" / "probe" / "main.py")  # the child's sys.argv[0], as with `python -m`
+START_TIMEOUT = 60.0  # the zygote's imports (psycopg, valkey) on a loaded machine
+REPLY_TIMEOUT = 30.0
+READY_TIMEOUT = 30.0  # bwrap setting up one box
+
+
+class ZygoteGone(OSError):
+    """The zygote did not answer (it died, or never started)."""
+
+
+@dataclass
+class Zygote:
+    proc: subprocess.Popen
+    sock: socket.socket
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def fork(self, request: dict, fds: list[int]) -> int:
+        """The intermediate's pid (see `zygote_main`); raises ZygoteGone."""
+        with self.lock:
+            try:
+                socket.send_fds(self.sock, [json.dumps(request).encode()], fds)
+                reply = json.loads(self.sock.recv(MAX_MESSAGE) or b"null")
+            except (OSError, ValueError) as exc:
+                raise ZygoteGone(str(exc)) from exc
+        if not isinstance(reply, dict) or not isinstance(reply.get("pid"), int):
+            raise ZygoteGone(f"the zygote refused: {reply!r}")
+        return reply["pid"]
+
+    def stop(self) -> None:
+        self.sock.close()  # it exits at EOF
+        try:
+            self.proc.wait(timeout=KILL_GRACE)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=KILL_GRACE)
+
+
+_ZYGOTES: dict[tuple[str | None, str], Zygote | None] = {}  # None: it could not start here
+_LOCK = threading.Lock()
+
+
+def usable(box) -> bool:
+    """Whether a case of `box` can be forked from a zygote: a local box that drops privileges."""
+    return (os.environ.get(ENV, "on") != "off" and isinstance(box, Box) and box.active
+            and box.policy.drops_privileges and box.group is not None and box.pidns_fd is None
+            and box.mntns_fd is None and box.netns_fd is None and os.geteuid() == 0)
+
+
+def pids() -> set[int]:
+    """The zygotes this process runs (long-lived by design: not something a run left behind)."""
+    with _LOCK:
+        return {z.proc.pid for z in _ZYGOTES.values() if z is not None and z.proc.poll() is None}
+
+
+def _probes(lab: str | None) -> list[str]:
+    from labkit import labs
+
+    every = list(labs.manifests().values())
+    chosen = [m for m in every if m.package == lab] or every
+    return [m.module(part) for m in chosen for part in m.probes]
+
+
+def _start(lab: str | None, preload: str, site_packages: str, env: dict[str, str]) -> Zygote | None:
+    from labkit.sandbox import seccomp
+
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-S", "-P", "-m", "labkit.sandbox.zygote_main"],
+            env={**env, FD_ENV: str(theirs.fileno()), "LABKIT_SITE_PACKAGES": site_packages,
+                 "LABKIT_PRELOAD": preload, "LABKIT_ZYGOTE_PROBES": ",".join(_probes(lab))},
+            pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL, cwd="/", start_new_session=True)
+    except OSError:
+        ours.close()
+        return None
+    finally:
+        theirs.close()
+    zygote = Zygote(proc, ours)
+    try:
+        ours.settimeout(START_TIMEOUT)
+        ours.send(seccomp.program(seccomp.STUDENT))
+        ready = json.loads(ours.recv(MAX_MESSAGE) or b"null")
+        ours.settimeout(REPLY_TIMEOUT)
+    except (OSError, ValueError):
+        ready = None
+    if not (isinstance(ready, dict) and ready.get("ready")):
+        zygote.stop()
+        return None
+    return zygote
+
+
+def _zygote(lab: str | None, preload: str, site_packages: str, env: dict[str, str]) -> Zygote | None:
+    key = (lab, preload)
+    with _LOCK:
+        if key not in _ZYGOTES:
+            _ZYGOTES[key] = _start(lab, preload, site_packages, env)
+        return _ZYGOTES[key]
+
+
+def _drop(zygote: Zygote) -> None:
+    with _LOCK:
+        for key, value in list(_ZYGOTES.items()):
+            if value is zygote:
+                _ZYGOTES[key] = None
+    zygote.stop()
+
+
+def stop_all() -> None:
+    with _LOCK:
+        found = [z for z in _ZYGOTES.values() if z is not None]
+        _ZYGOTES.clear()
+    for zygote in found:
+        zygote.stop()
+
+
+def _forget_in_child() -> None:
+    """A forked copy of the judge (multiprocessing) must not keep the zygotes' sockets open."""
+    for zygote in _ZYGOTES.values():
+        if zygote is not None:
+            zygote.sock.close()
+    _ZYGOTES.clear()
+
+
+atexit.register(stop_all)
+os.register_at_fork(after_in_child=_forget_in_child)
+
+
+def spawn(box: Box, *, stdin, stdout, stderr, pass_fds: tuple[int, ...], lab: str | None,
+          preload: str, site_packages: str) -> ZygotePopen | None:
+    """Run `labkit.probe.main` in `box` as a child forked from the lab's zygote; None when the
+    zygote cannot (the box is then untouched, or closed when its set-up failed)."""
+    from labkit.sandbox import profiles
+
+    zygote = _zygote(lab, preload, site_packages, {**profiles.base_env(), "PYTHONPATH": str(ROOT)})
+    if zygote is None:
+        return None
+    ready_r, ready_w = os.pipe()
+    try:
+        holder = box.spawn(["/bin/sh", "-c", "echo ready; exec /bin/sleep infinity >/dev/null"],
+                           stdin=subprocess.DEVNULL, stdout=ready_w, stderr=stderr, start_new_session=True)
+    finally:
+        os.close(ready_w)
+    opened: list[int] = []
+    try:
+        init = box.wait_child_pid(READY_TIMEOUT)
+        ready = select.select([ready_r], [], [], READY_TIMEOUT)[0] and os.read(ready_r, 1)
+        if init is None or not ready:
+            raise ZygoteGone("the box did not come up")
+        opened += [os.open(f"/proc/{init}/ns/{name}", os.O_RDONLY | os.O_CLOEXEC) for name in NAMESPACES]
+        status_r, status_w = os.pipe()
+        opened.append(status_w)
+        in_r, in_w = os.pipe() if stdin == subprocess.PIPE else (os.open(os.devnull, os.O_RDONLY), None)
+        opened.append(in_r)
+        policy = box.policy
+        request = {"cwd": str(policy.cwd), "env": dict(policy.env), "targets": [0, 1, 2, *pass_fds],
+                   "uid": policy.uid, "gid": policy.gid, "as": policy.address_space, "fsize": policy.file_bytes,
+                   "cgroups": [str(p) for p in box.group.procs_files], "argv0": MAIN}
+        try:
+            pid = zygote.fork(request, [*opened, stdout.fileno(), stderr.fileno(), *pass_fds])
+        except ZygoteGone:
+            os.close(status_r)
+            if in_w is not None:
+                os.close(in_w)
+            _drop(zygote)
+            raise
+    except (OSError, ValueError):
+        box.kill()
+        try:
+            holder.wait(timeout=KILL_GRACE)
+        except subprocess.TimeoutExpired:
+            box.close(holder)
+        return None
+    finally:
+        os.close(ready_r)
+        for fd in opened:
+            os.close(fd)
+    return ZygotePopen(box, holder, pid, status_r, os.fdopen(in_w, "wb") if in_w is not None else None)
+
+
+class ZygotePopen:
+    """The subset of Popen the judge uses, for a child forked into `box`: its pid is the
+    intermediate's (the child's code runs in a process below it, as below bwrap today); its exit
+    code comes on a pipe (Popen's convention: -N for signal N; SIGKILL when the box was killed
+    before it could say). When it ends, the rest of its box ends too, as when bwrap's child exits."""
+
+    def __init__(self, box: Box, holder: subprocess.Popen, pid: int, status_r: int, stdin) -> None:
+        self._box = box
+        self.holder = holder
+        self.pid = pid
+        self.stdin = stdin
+        self.args = ["labkit.probe.main"]
+        self.sandbox_report: Report | None = None
+        self.returncode: int | None = None
+        self._status_r = status_r
+        self._lock = threading.Lock()
+
+    def poll(self) -> int | None:
+        self._read(0)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            remaining = None if deadline is None else deadline - time.monotonic()
+            self._read(max(0.0, remaining) if remaining is not None else None)
+            if self.returncode is not None:
+                return self.returncode
+            if remaining is not None and remaining <= 0:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+
+    def _read(self, timeout: float | None) -> None:
+        with self._lock:
+            if self.returncode is not None:
+                return
+            if not select.select([self._status_r], [], [], timeout)[0]:
+                return
+            data = os.read(self._status_r, STATUS.size)
+            os.close(self._status_r)
+            code = STATUS.unpack(data)[0] if len(data) == STATUS.size else -signal.SIGKILL
+            self._end()
+            self.returncode = code
+
+    def _end(self) -> None:
+        self._box.kill()
+        try:
+            self.holder.wait(timeout=KILL_GRACE)
+        except subprocess.TimeoutExpired:
+            self._box.close(self.holder)
+        self.sandbox_report = getattr(self.holder, "sandbox_report", None) or self._box.close(self.holder)
+
+    def kill(self) -> None:
+        self._box.kill()
+
+    def send_signal(self, signum: int) -> None:
+        self._box.signal(signum)
+
+    def hand_over(self) -> None:
+        self._box.hand_over_writable()

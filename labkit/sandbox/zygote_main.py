@@ -1,0 +1,222 @@
+"""The zygote: a warm interpreter that forks each judged child into a box bwrap has made.
+
+A fresh child pays ~30-200 ms of CPU to start Python and import the course's child code and the
+lab's heavy modules (psycopg, valkey, asyncio) before it reaches the student's module. This
+process pays that once: it imports exactly what a child would (`labkit.probe.main`, the lab's
+probes, the manifest's `preload`) and never anything else, never the student's code and never
+the judge's. For each case the judge (`zygote.py`) first opens the case's box as before (bwrap:
+its mounts, a fresh /tmp, pid/ipc/uts/cgroup namespaces, its cgroup; a shell in it that only
+says "ready" and sleeps), then sends here the box's namespace fds, the child's stdio and pipes.
+
+Here, per case: fork (the *intermediate*, root, outside the box's pid namespace: it joins the
+box's cgroup, enters its namespaces, forks the child and reports its exit status on a pipe),
+then, in the child, before any of the student's code: a new session, the box's work folder,
+no capabilities (bounding set dropped, then a real unprivileged uid and gid, no groups), the
+per-process limits, `no_new_privs` and the same seccomp filter bwrap installs, the judge's fd
+numbers, every other fd closed, the environment the box would get; then `labkit.probe.main`.
+
+Runs as root outside every box (it has to enter namespaces): started with the box's plain
+environment (`profiles.base_env`), so no variable of the judge's ever reaches a child; it exits
+when the judge's end of its socket closes. Single-threaded, so a fork copies nothing half-done.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import json
+import os
+import resource
+import signal
+import socket
+import struct
+import sys
+
+FD_ENV = "LABKIT_ZYGOTE_FD"  # the zygote's end of its socket
+MAX_FDS = 32
+MAX_MESSAGE = 1 << 20
+NAMESPACES = ("cgroup", "ipc", "uts", "pid", "mnt")  # mnt last: after it, host paths are gone
+STATUS = struct.Struct("i")  # the child's exit code, Popen's convention (-N: signal N)
+CAP_LAST = 63  # PR_CAPBSET_DROP of a number the kernel does not know is EINVAL: ignored
+PR_CAPBSET_DROP, PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP = 24, 4, 38, 22
+SECCOMP_MODE_FILTER = 2
+START_FAILED = 125  # the intermediate or the child could not be set up: never the student's doing
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+class _Fprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def warm() -> None:
+    """Import what every child of this lab imports before the student's module."""
+    import labkit.probe.main as main
+
+    main.add_site_packages()
+    main.preload()
+    for name in filter(None, os.environ.get("LABKIT_ZYGOTE_PROBES", "").split(",")):
+        importlib.import_module(name)
+
+
+def serve(sock: socket.socket, bpf: bytes) -> None:
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # intermediates are reaped by the kernel
+    while True:
+        try:
+            data, fds, _flags, _addr = socket.recv_fds(sock, MAX_MESSAGE, MAX_FDS)
+        except OSError:
+            return
+        if not data:
+            return
+        try:
+            request = json.loads(data)
+            pid = _fork(request, fds, bpf, sock)
+            reply = {"pid": pid}
+        except Exception as exc:  # noqa: BLE001 - a bad request is answered, never fatal here
+            reply = {"error": f"{type(exc).__name__}: {exc}"}
+        finally:
+            for fd in fds:
+                os.close(fd)
+        try:
+            sock.send(json.dumps(reply).encode())
+        except OSError:
+            return
+
+
+def _fork(request: dict, fds: list[int], bpf: bytes, sock: socket.socket) -> int:
+    if len(fds) != len(NAMESPACES) + 1 + len(request["targets"]):
+        raise ValueError("wrong number of fds")
+    pid = os.fork()
+    if pid == 0:
+        code = START_FAILED
+        try:
+            sock.close()
+            code = _intermediate(request, fds, bpf)
+        except BaseException as exc:  # noqa: BLE001 - said on the child's stderr, as bwrap would
+            _say(fds, request, f"labkit zygote: {type(exc).__name__}: {exc}")
+        os._exit(code)
+    return pid
+
+
+def _say(fds: list[int], request: dict, text: str) -> None:
+    try:
+        os.write(fds[len(NAMESPACES) + 1 + request["targets"].index(2)], text.encode() + b"\n")
+    except (OSError, ValueError, IndexError):
+        pass
+
+
+def _intermediate(request: dict, fds: list[int], bpf: bytes) -> int:
+    """Root, outside the box's pid namespace: join the box, fork the child, report how it ended."""
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # so waitpid works, here and in the child
+    ns, status_w, passed = fds[:len(NAMESPACES)], fds[len(NAMESPACES)], fds[len(NAMESPACES) + 1:]
+    for procs in request["cgroups"]:
+        with open(procs, "w") as fh:
+            fh.write(str(os.getpid()))
+    for fd in ns:
+        _check(_libc.setns(fd, 0), "setns")
+    child = os.fork()  # the first process of ours in the box's pid namespace
+    if child == 0:
+        code = START_FAILED
+        try:
+            os.close(status_w)
+            _become_child(request, passed, bpf)
+            import labkit.probe.main as main
+
+            code = main.main()
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except Exception:  # noqa: BLE001, S110 - the student may have closed or replaced it
+                    pass
+        except BaseException as exc:  # noqa: BLE001 - before the student's code: the course's fault
+            try:  # stderr is at 2 once the fds are placed, and still among `fds` before
+                os.write(2, f"labkit zygote: {type(exc).__name__}: {exc}\n".encode())
+            except OSError:
+                _say(fds, request, f"labkit zygote: {type(exc).__name__}: {exc}")
+        os._exit(code)
+    for fd in fds:
+        if fd != status_w:
+            os.close(fd)
+    _, status = os.waitpid(child, 0)
+    os.write(status_w, STATUS.pack(os.waitstatus_to_exitcode(status)))
+    return 0
+
+
+def _become_child(request: dict, passed: list[int], bpf: bytes) -> None:
+    """Everything bwrap's command line (setpriv, prlimit, seccomp) does, in this process."""
+    os.setsid()
+    os.chdir(request["cwd"])
+    for cap in range(CAP_LAST + 1):
+        _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)
+    os.setgroups([])
+    os.setresgid(request["gid"], request["gid"], request["gid"])
+    os.setresuid(request["uid"], request["uid"], request["uid"])  # permitted and effective caps go
+    _check_no_capabilities()
+    for limit, value in ((resource.RLIMIT_AS, request.get("as")), (resource.RLIMIT_FSIZE, request.get("fsize")),
+                         (resource.RLIMIT_CORE, 0)):
+        if value is not None:
+            resource.setrlimit(limit, (value, value))
+    # As after an exec of a plain program (setpriv's): the child may read its own /proc entries.
+    _check(_libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0), "dumpable")
+    _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+    program = ctypes.create_string_buffer(bpf, len(bpf))
+    fprog = _Fprog(len(bpf) // 8, ctypes.addressof(program))
+    _check(_libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0), "seccomp")
+    _place_fds(passed, request["targets"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    os.environ["PWD"] = request["cwd"]  # as bwrap's --chdir sets it
+    sys.argv = [request["argv0"]]
+    # What the zygote listed of folders in the host's view (names only) is not the box's view.
+    importlib.invalidate_caches()
+    sys.path_importer_cache.clear()
+
+
+def _check_no_capabilities() -> None:
+    with open("/proc/self/status") as fh:
+        caps = {k: v.strip() for k, _, v in (line.partition(":") for line in fh) if k.startswith("Cap")}
+    kept = {k: v for k, v in caps.items() if int(v, 16) != 0}
+    if kept:
+        raise PermissionError(f"capabilities left after the uid change: {kept}")
+
+
+def _place_fds(passed: list[int], targets: list[int]) -> None:
+    """Each passed fd at the number the judge gave it (the child's environment names them),
+    every other fd closed."""
+    import fcntl
+
+    above = max(targets) + 1  # moved out of every target's way first
+    moved = [fcntl.fcntl(fd, fcntl.F_DUPFD, above) for fd in passed]
+    for fd, target in zip(moved, targets, strict=True):
+        os.dup2(fd, target, inheritable=True)
+    low = 0
+    for keep in sorted(set(targets)):
+        if keep > low:  # (closerange(a, a) would close everything: close_range(a, ~0))
+            os.closerange(low, keep)
+        low = keep + 1
+    os.closerange(low, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+
+
+def main() -> int:
+    sock = socket.socket(fileno=int(os.environ.pop(FD_ENV)))
+    bpf = sock.recv(MAX_MESSAGE)  # the judge's first message: the compiled seccomp filter
+    if not bpf or len(bpf) % 8:
+        return 2
+    try:
+        warm()
+    except Exception as exc:  # noqa: BLE001 - the judge starts children the usual way then
+        sock.send(json.dumps({"error": f"warm-up failed: {exc!r}"}).encode())
+        return 2
+    sock.send(json.dumps({"ready": True}).encode())
+    serve(sock, bpf)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
