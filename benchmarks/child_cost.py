@@ -9,7 +9,10 @@ by running just that layer N times in this process's children (`RUSAGE_CHILDREN`
 - the interpreter alone (`python -P -c pass`, and with `-S`: what `site` costs);
 - the interpreter with the child's code (`labkit.probe.main`), then with each lab's probes and
   the imports of its reference solution: what a child of that lab loads before any case runs;
-- a whole sandboxed child of each lab (`run_child` with the no-op probe), judge's side included.
+- a whole sandboxed child of each lab (`run_child` with the no-op probe), judge's side included:
+  started fresh (`LABKIT_ZYGOTE=off`), and forked warm into its box by the lab's zygote
+  (`labkit.sandbox.zygote`). A forked child is not this process's child: its CPU is the one its
+  intermediate reports, plus the zygote's own (its forks), read from /proc.
 
     python benchmarks/child_cost.py [--runs 20] [--lab outbox ...]
 
@@ -37,7 +40,19 @@ sys.path.insert(0, str(ROOT))
 from labkit import labs, sandbox  # noqa: E402
 from labkit.judge.child import run_child  # noqa: E402
 from labkit.limits import step_timeout  # noqa: E402
-from labkit.sandbox import profiles  # noqa: E402
+from labkit.sandbox import profiles, zygote  # noqa: E402
+
+_spawn = zygote.spawn
+
+
+def _recorded(*args, **kwargs):
+    proc = _spawn(*args, **kwargs)
+    if proc is not None:
+        FORKED.append(proc)
+    return proc
+
+
+zygote.spawn = _recorded
 
 
 def cpu() -> tuple[float, float]:
@@ -47,16 +62,31 @@ def cpu() -> tuple[float, float]:
     return own.ru_utime + own.ru_stime, kids.ru_utime + kids.ru_stime
 
 
+FORKED: list[zygote.ZygotePopen] = []  # the forked children of the row being measured
+
+
+def forked_cpu() -> float:
+    """CPU of the children the zygotes forked so far (what each reported), and of the zygotes."""
+    total = sum(proc.cpu_seconds or 0.0 for proc in FORKED)
+    for pid in zygote.pids():
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rpartition(")")[2].split()
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+    return total
+
+
 def measure(runs: int, once: Callable[[], None]) -> tuple[float, float, float]:
     """Median wall, children's CPU and this process's CPU per run, in ms (one warm-up run first)."""
     once()
     walls = []
     own0, kids0 = cpu()
+    forked0 = forked_cpu()
     for _ in range(runs):
         started = time.perf_counter()
         once()
         walls.append(time.perf_counter() - started)
     own1, kids1 = cpu()
+    kids1 += forked_cpu() - forked0
     return (statistics.median(walls) * 1000, (kids1 - kids0) / runs * 1000, (own1 - own0) / runs * 1000)
 
 
@@ -90,11 +120,12 @@ def boxed_true(workdir: Path) -> Callable[[], None]:
     return once
 
 
-def child_of(lab: str, workdir: Path) -> Callable[[], None]:
+def child_of(lab: str, workdir: Path, forked: bool) -> Callable[[], None]:
     module = ROOT / "solutions" / labs.manifest(lab).module_file
     spec = labs.load(lab)
 
     def once() -> None:
+        os.environ[zygote.ENV] = "on" if forked else "off"
         run = run_child(module, "labkit.probe:noop", {}, workdir=workdir, timeout=step_timeout(),
                         module_name=spec.module_name, lab=labs.package_of(spec.probes))
         if not run.imported:
@@ -129,7 +160,10 @@ def main() -> None:
     try:
         if sandbox.enabled():
             rows.append(("a sandbox around /bin/true", boxed_true(workdir)))
-        rows += [(f"{lab}: a whole judged child (no-op probe)", child_of(lab, workdir)) for lab in chosen]
+        for lab in chosen:
+            rows.append((f"{lab}: a whole judged child started fresh", child_of(lab, workdir, forked=False)))
+            if sandbox.enabled():
+                rows.append((f"{lab}: a whole judged child forked by the zygote", child_of(lab, workdir, forked=True)))
         print(f"sandbox: {sandbox.support().describe if sandbox.enabled() else 'off'}; {args.runs} runs a row; ms")
         print(f"{'layer':52s} {'wall':>7s} {'child CPU':>10s} {'judge CPU':>10s}")
         for name, once in rows:

@@ -26,7 +26,13 @@ from labkit.sandbox import reaper, zygote
 ROOT = Path(__file__).resolve().parents[1]
 SECRET = "LABKIT_TEST_JUDGES_SECRET"
 FACTS = f"""
-import json, os, random, resource, sys
+import errno, json, os, random, resource, sys
+def tried(call):
+    try:
+        call()
+        return "allowed"
+    except OSError as exc:
+        return errno.errorcode.get(exc.errno, str(exc.errno))
 status = dict(line.split(":\\t", 1) for line in open("/proc/self/status").read().splitlines() if ":\\t" in line)
 open("/tmp/left-by-" + str(os.getpid()), "w").close()
 print(json.dumps({{
@@ -41,6 +47,8 @@ print(json.dumps({{
     "course": sorted(os.listdir({str(ROOT)!r})),
     "cwd": os.getcwd(),
     "own_session": os.getsid(0) == os.getpid(),
+    "signals": {{pid: tried(lambda: os.kill(int(pid), 0)) for pid in os.listdir("/proc")
+                 if pid.isdigit() and int(pid) != os.getpid()}},
     "random": random.random(),
     "argv": sys.argv,
 }}))
@@ -102,6 +110,8 @@ def test_a_forked_child_sees_and_may_do_what_a_fresh_one_does(tmp_path, monkeypa
     assert left(forked) == [f"left-by-{forked['pids'][-1]}"]  # what it made itself, nothing from before
     assert Path(forked["cwd"]).name == "forked" and Path(fresh["cwd"]).name == "fresh"
     assert Path(forked["cwd"]).parent == Path(fresh["cwd"]).parent
+    # Every other process of its box is beyond its signals (bwrap's init, and the holder: uid 65534).
+    assert set(forked["signals"].values()) == set(fresh["signals"].values()) == {"EPERM"}
     for key in ("ids", "status", "limits", "fds", "course", "argv"):
         assert forked[key] == fresh[key], key
     ignored = (RUN_MARKER, "PWD")  # the run's own marker, and its folder
@@ -136,6 +146,16 @@ def test_a_forked_childs_box_and_everything_it_started_are_gone_after_the_run(tm
     assert proc.sandbox_report is not None
     assert not [path for path in proc.groups if path.exists()]
     assert proc.holder.poll() is not None
+
+
+def test_a_childs_kill_of_every_process_it_may_signal_leaves_its_box_standing(tmp_path, fresh_zygotes):
+    """kill(-1, SIGKILL) reaches what the child may signal in its box: in a fresh box, nothing but
+    its own; the zygote's box holds nothing more of the child's uid (a grading test's submission
+    did this at import, and lost every point when the holder was the child's uid)."""
+    source = ("import os, signal, time\nos.kill(-1, signal.SIGSTOP)\nos.kill(-1, signal.SIGKILL)\n"
+              "time.sleep(1)\nprint('{}')\n")  # a box that came down would take this child with it meanwhile
+    facts, run, proc = looks(tmp_path, "killer", source)
+    assert isinstance(proc, zygote.ZygotePopen) and facts == {} and run.exit_code == 0
 
 
 def test_a_zygote_that_does_not_start_costs_nothing(tmp_path, monkeypatch, fresh_zygotes):

@@ -11,6 +11,7 @@ it is (no sandbox) behind the same interface, so callers never branch.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -103,6 +104,9 @@ class Box:
     netns_fd: int | None = None
     pidns_fd: int | None = None
     mntns_fd: int | None = None
+    # The uid and gid its command runs as, when not the policy's (a zygote's holder: `zygote.py`);
+    # the policy's are still the box's own (its folders, its processes).
+    run_as: tuple[int, int] | None = None
     _early: dict = field(default_factory=dict)
     _pending: bytes = b""
     # Run first when the box closes: what lives in its namespaces but is not its own to end (a
@@ -144,7 +148,10 @@ class Box:
             if self.policy.seccomp and self._seccomp is None:  # every command line gets its filter
                 kind = seccomp.STUDENT if self.policy.drops_privileges else seccomp.NESTING
                 self._seccomp = seccomp.filter_fd(kind)
-            return bwrap.command(self.policy, argv, cgroup_procs=self.group.procs_files if self.group else (),
+            policy = self.policy
+            if self.run_as is not None:
+                policy = dataclasses.replace(policy, uid=self.run_as[0], gid=self.run_as[1])
+            return bwrap.command(policy, argv, cgroup_procs=self.group.procs_files if self.group else (),
                                  status_fd=self._status_w, seccomp_fd=self._seccomp,
                                  bound_fds=self.bound_fds, netns_fd=self.netns_fd, pidns_fd=self.pidns_fd,
                                  mntns_fd=self.mntns_fd)

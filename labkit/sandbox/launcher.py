@@ -31,12 +31,13 @@ import json
 import os
 import signal
 import socket
+import subprocess
 import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from labkit.sandbox import cgroups
+from labkit.sandbox import cgroups, reaper, zygote
 from labkit.sandbox.box import Box, BoxedPopen
 from labkit.values import too_deep
 
@@ -94,7 +95,7 @@ class Launcher:
     def attach(self, judge_pid: int) -> None:
         """The judge is running (`judge_pid`: its box's first process, as we see it): take its
         namespaces, then serve its requests in a thread of our own."""
-        self.level = len(_ns_pids(judge_pid)) - 1  # how deep the judge's pid namespace is
+        self.level = len(reaper.ns_pids(judge_pid)) - 1  # how deep the judge's pid namespace is
         self.netns = os.open(f"/proc/{judge_pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
         self.pidns = os.open(f"/proc/{judge_pid}/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
         self.mntns = os.open(f"/proc/{judge_pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
@@ -123,8 +124,11 @@ class Launcher:
             child.box.close(child.proc)
         if self._thread is not None:
             self._thread.join(timeout=10)
-        for reaper in self._reapers:  # each closes its box: cgroups removed, orphans collected
-            reaper.join(timeout=15)
+        for thread in self._reapers:  # each closes its box: cgroups removed, orphans collected
+            thread.join(timeout=15)
+        # The zygotes it forked the children from, waited for here: a worker ends with os._exit
+        # (no atexit), and one that ended after it would be a zombie handed to the grader's caller.
+        zygote.stop_all()
         for fd in (self.netns, self.pidns, self.mntns):
             if fd is not None:
                 os.close(fd)
@@ -225,25 +229,45 @@ class Launcher:
                                              code_modules=tuple(code_modules), env=env, lab=lab)
             if [str(path) for path in policy.writable] != [workdir]:  # only ever the fd's folder
                 raise Refused("a child may write its step folder only")
-            box = Box.open(policy, self.hierarchy, chown_writable=False)
-            box.bound_fds = {workdir: folder}
-            box.netns_fd, box.pidns_fd, box.mntns_fd = self.netns, self.pidns, self.mntns
-            proc = box.spawn(argv, stdin=stdin, stdout=stdout, stderr=stderr, pass_fds=tuple(passed))
+            box, proc = self._box_and_child(policy, workdir, folder, env, lab, argv, stdin, stdout, stderr, passed)
         finally:
             for fd in taken:
                 os.close(fd)
-        judge_pid = box.wait_child_pid(START_TIMEOUT)  # numbered in the judge's pid namespace
+        if isinstance(proc, zygote.ZygotePopen):  # the child itself, below the box's first process
+            judge_pid = self._judge_pid(proc.inner)
+        else:
+            judge_pid = box.wait_child_pid(START_TIMEOUT)  # numbered in the judge's pid namespace
         child = _Child(box, proc, judge_pid)
         with self._lock:
             self.children[number] = child
-        reaper = threading.Thread(target=self._reap, args=(number, child), daemon=True)
-        reaper.start()
-        self._reapers.append(reaper)
+        waiter = threading.Thread(target=self._reap, args=(number, child), daemon=True)
+        waiter.start()
+        self._reapers.append(waiter)
         return {"box": number, "pid": judge_pid}
+
+    def _box_and_child(self, policy, workdir: str, folder: int, env: dict, lab: str | None, argv: list[str],
+                       stdin: int, stdout: int, stderr: int, passed: list[int]) -> tuple[Box, subprocess.Popen]:
+        """The child's box in the judge's namespaces, the child forked warm into it by this
+        launcher's zygote (`zygote.py`), or started fresh when the zygote cannot."""
+        box = self._box(policy, workdir, folder)
+        if zygote.usable(box):
+            proc = zygote.spawn(box, stdin=stdin, stdout=stdout, stderr=stderr, pass_fds=tuple(passed), lab=lab,
+                                preload=env.get("LABKIT_PRELOAD", ""), site_packages=env.get("LABKIT_SITE_PACKAGES", ""))
+            if proc is not None:
+                return box, proc
+            box.close()
+            box = self._box(policy, workdir, folder)
+        return box, box.spawn(argv, stdin=stdin, stdout=stdout, stderr=stderr, pass_fds=tuple(passed))
+
+    def _box(self, policy, workdir: str, folder: int) -> Box:
+        box = Box.open(policy, self.hierarchy, chown_writable=False)
+        box.bound_fds = {workdir: folder}
+        box.netns_fd, box.pidns_fd, box.mntns_fd = self.netns, self.pidns, self.mntns
+        return box
 
     def _judge_pid(self, host_pid: int) -> int | None:
         """A host pid as the judge's pid namespace numbers it."""
-        numbers = _ns_pids(host_pid)
+        numbers = reaper.ns_pids(host_pid)
         return numbers[self.level] if len(numbers) > self.level else None
 
     def _reap(self, number: int, child: _Child) -> None:
@@ -261,18 +285,6 @@ def _inside(path: str, folder: str) -> bool:
     parts = path.split("/")
     return (path.startswith(folder.rstrip("/") + "/") and ".." not in parts and "." not in parts
             and "" not in parts[1:] and "\0" not in path)
-
-
-def _ns_pids(host_pid: int) -> list[int]:
-    """A process's pid in each pid namespace from ours down to its own (`NSpid`)."""
-    try:
-        with open(f"/proc/{host_pid}/status", "rb") as fh:
-            for line in fh:
-                if line.startswith(b"NSpid:"):
-                    return [int(n) for n in line.split()[1:]]
-    except (OSError, ValueError):
-        pass
-    return []
 
 
 def _receive(sock: socket.socket) -> tuple[bytes, list[int]]:

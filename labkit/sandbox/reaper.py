@@ -164,3 +164,15 @@ def kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def ns_pids(host_pid: int) -> list[int]:
+    """A process's pid in each pid namespace from ours down to its own (`NSpid`)."""
+    try:
+        with open(f"/proc/{host_pid}/status", "rb") as fh:
+            for line in fh:
+                if line.startswith(b"NSpid:"):
+                    return [int(n) for n in line.split()[1:]]
+    except (OSError, ValueError):
+        pass
+    return []

@@ -3,7 +3,7 @@
 `spawn(box, ...)` gives what `Box.spawn` gives (a Popen-like `ZygotePopen`), for the same box:
 bwrap still makes every mount, the fresh /tmp, the namespaces and the cgroup of each case; only
 the interpreter that runs in it is not started and warmed again. The box's command is a shell
-that says "ready" once bwrap has set everything up, then sleeps; the zygote (`zygote_main.py`,
+that says "ready" once bwrap has set everything up, then sleeps as a uid of its own (nothing inside can signal it); the zygote (`zygote_main.py`,
 one per judge process and lab) forks the child into the box's namespaces and cgroup, and the
 child drops to the box's uid, limits and seccomp filter itself before the student's module
 loads. Measured (benchmarks/child_cost.py): a child costs 20-25 ms of CPU this way, against
@@ -18,6 +18,7 @@ child fresh: never a verdict about the student.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import json
 import os
 import select
@@ -31,8 +32,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from labkit.limits import KILL_GRACE
-from labkit.sandbox.box import Box, Report
-from labkit.sandbox.zygote_main import FD_ENV, MAX_MESSAGE, NAMESPACES, STATUS
+from labkit.sandbox import reaper
+from labkit.sandbox.box import Box, Outcome, Report
+from labkit.sandbox.zygote_main import ENDED, FD_ENV, MAX_MESSAGE, NAMESPACES, STARTED
 
 ENV = "LABKIT_ZYGOTE"  # "off": every judged child starts fresh
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,6 +42,7 @@ MAIN = str(ROOT / "labkit" / "probe" / "main.py")  # the child's sys.argv[0], as
 START_TIMEOUT = 60.0  # the zygote's imports (psycopg, valkey) on a loaded machine
 REPLY_TIMEOUT = 30.0
 READY_TIMEOUT = 30.0  # bwrap setting up one box
+HOLDER_UID = 65534  # "nobody": the box's holder, never the child's uid
 
 
 class ZygoteGone(OSError):
@@ -78,10 +81,11 @@ _LOCK = threading.Lock()
 
 
 def usable(box) -> bool:
-    """Whether a case of `box` can be forked from a zygote: a local box that drops privileges."""
+    """Whether a case of `box` can be forked from a zygote: a box this (root) process made, that
+    drops privileges, with a cgroup (the child joins it). The launcher's boxes, made in a judge's
+    namespaces, are such boxes too."""
     return (os.environ.get(ENV, "on") != "off" and isinstance(box, Box) and box.active
-            and box.policy.drops_privileges and box.group is not None and box.pidns_fd is None
-            and box.mntns_fd is None and box.netns_fd is None and os.geteuid() == 0)
+            and box.policy.drops_privileges and box.group is not None and os.geteuid() == 0)
 
 
 def pids() -> set[int]:
@@ -164,15 +168,33 @@ atexit.register(stop_all)
 os.register_at_fork(after_in_child=_forget_in_child)
 
 
+def _fd(stream) -> int:
+    return stream if isinstance(stream, int) else stream.fileno()
+
+
+def _inside(box: Box, reported: int | None) -> int | None:
+    """A process of the box's own namespaces, as this process numbers it. bwrap reports its
+    first process inside, numbered in the pid namespace it was started in: ours, unless the box
+    was made in a judge's (`Box.pidns_fd`); then the box's deepest process is found in its cgroup."""
+    if box.pidns_fd is None or reported is None:
+        return reported
+    depth = {pid: len(reaper.ns_pids(pid)) for pid in box.group.pids()}
+    return max(depth, key=depth.get) if depth else None
+
+
 def spawn(box: Box, *, stdin, stdout, stderr, pass_fds: tuple[int, ...], lab: str | None,
           preload: str, site_packages: str) -> ZygotePopen | None:
     """Run `labkit.probe.main` in `box` as a child forked from the lab's zygote; None when the
-    zygote cannot (the box is then untouched, or closed when its set-up failed)."""
+    zygote cannot (the box is then untouched, or closed when its set-up failed). `stdin`:
+    `subprocess.PIPE` (the returned `stdin` writes to it) or an fd; `stdout`, `stderr`: fds or files."""
     from labkit.sandbox import profiles
 
     zygote = _zygote(lab, preload, site_packages, {**profiles.base_env(), "PYTHONPATH": str(ROOT)})
     if zygote is None:
         return None
+    # The holder runs as a uid of its own: nothing in the box can signal it (the child's
+    # kill(-1) would otherwise end its own box, where a fresh child's reaches only its own).
+    box.run_as = (HOLDER_UID, HOLDER_UID)
     ready_r, ready_w = os.pipe()
     try:
         holder = box.spawn(["/bin/sh", "-c", "echo ready; exec /bin/sleep infinity >/dev/null"],
@@ -180,29 +202,41 @@ def spawn(box: Box, *, stdin, stdout, stderr, pass_fds: tuple[int, ...], lab: st
     finally:
         os.close(ready_w)
     opened: list[int] = []
+    in_w = status_r = None
     try:
-        init = box.wait_child_pid(READY_TIMEOUT)
+        reported = box.wait_child_pid(READY_TIMEOUT)
         ready = select.select([ready_r], [], [], READY_TIMEOUT)[0] and os.read(ready_r, 1)
-        if init is None or not ready:
+        init = _inside(box, reported) if ready else None
+        if init is None:
             raise ZygoteGone("the box did not come up")
         opened += [os.open(f"/proc/{init}/ns/{name}", os.O_RDONLY | os.O_CLOEXEC) for name in NAMESPACES]
         status_r, status_w = os.pipe()
         opened.append(status_w)
-        in_r, in_w = os.pipe() if stdin == subprocess.PIPE else (os.open(os.devnull, os.O_RDONLY), None)
-        opened.append(in_r)
+        if stdin == subprocess.PIPE:
+            in_r, in_w = os.pipe()
+            opened.append(in_r)
+        else:
+            in_r = _fd(stdin)
         policy = box.policy
         request = {"cwd": str(policy.cwd), "env": dict(policy.env), "targets": [0, 1, 2, *pass_fds],
                    "uid": policy.uid, "gid": policy.gid, "as": policy.address_space, "fsize": policy.file_bytes,
                    "cgroups": [str(p) for p in box.group.procs_files], "argv0": MAIN}
+        fds = [*opened[:len(NAMESPACES) + 1], in_r, _fd(stdout), _fd(stderr), *pass_fds]
         try:
-            pid = zygote.fork(request, [*opened, stdout.fileno(), stderr.fileno(), *pass_fds])
+            pid = zygote.fork(request, fds)
         except ZygoteGone:
-            os.close(status_r)
-            if in_w is not None:
-                os.close(in_w)
             _drop(zygote)
             raise
+        os.close(status_w)
+        opened.remove(status_w)
+        started = select.select([status_r], [], [], READY_TIMEOUT)[0] and os.read(status_r, STARTED.size)
+        if not started or len(started) != STARTED.size:
+            raise ZygoteGone("the child was not forked")
+        inner = STARTED.unpack(started)[0]
     except (OSError, ValueError):
+        for fd in (in_w, status_r):
+            if fd is not None:
+                os.close(fd)
         box.kill()
         try:
             holder.wait(timeout=KILL_GRACE)
@@ -213,7 +247,7 @@ def spawn(box: Box, *, stdin, stdout, stderr, pass_fds: tuple[int, ...], lab: st
         os.close(ready_r)
         for fd in opened:
             os.close(fd)
-    return ZygotePopen(box, holder, pid, status_r, os.fdopen(in_w, "wb") if in_w is not None else None)
+    return ZygotePopen(box, holder, pid, inner, status_r, os.fdopen(in_w, "wb") if in_w is not None else None)
 
 
 class ZygotePopen:
@@ -222,10 +256,12 @@ class ZygotePopen:
     code comes on a pipe (Popen's convention: -N for signal N; SIGKILL when the box was killed
     before it could say). When it ends, the rest of its box ends too, as when bwrap's child exits."""
 
-    def __init__(self, box: Box, holder: subprocess.Popen, pid: int, status_r: int, stdin) -> None:
+    def __init__(self, box: Box, holder: subprocess.Popen, pid: int, inner: int, status_r: int, stdin) -> None:
         self._box = box
         self.holder = holder
         self.pid = pid
+        self.inner = inner  # the child itself, as this process numbers it
+        self.cpu_seconds: float | None = None  # the child's user + system time, once it ended
         self.stdin = stdin
         self.args = ["labkit.probe.main"]
         self.sandbox_report: Report | None = None
@@ -253,19 +289,31 @@ class ZygotePopen:
                 return
             if not select.select([self._status_r], [], [], timeout)[0]:
                 return
-            data = os.read(self._status_r, STATUS.size)
+            data = os.read(self._status_r, ENDED.size)
             os.close(self._status_r)
-            code = STATUS.unpack(data)[0] if len(data) == STATUS.size else -signal.SIGKILL
-            self._end()
+            if len(data) == ENDED.size:
+                code, user, system = ENDED.unpack(data)
+                self.cpu_seconds = user + system
+            else:
+                code = -signal.SIGKILL
+            self._end(code)
             self.returncode = code
 
-    def _end(self) -> None:
+    def _end(self, code: int) -> None:
+        """Its box ends with it; the box's report (usage, OOM kills) with how the child ended."""
         self._box.kill()
         try:
             self.holder.wait(timeout=KILL_GRACE)
         except subprocess.TimeoutExpired:
             self._box.close(self.holder)
-        self.sandbox_report = getattr(self.holder, "sandbox_report", None) or self._box.close(self.holder)
+        report = getattr(self.holder, "sandbox_report", None) or self._box.close(self.holder)
+        if report.oom_kills:
+            outcome = Outcome.MEMORY_LIMIT
+        elif code < 0:
+            outcome = Outcome.SIGNALED
+        else:
+            outcome = Outcome.OK if code == 0 else Outcome.NONZERO
+        self.sandbox_report = dataclasses.replace(report, outcome=outcome, returncode=code)
 
     def kill(self) -> None:
         self._box.kill()

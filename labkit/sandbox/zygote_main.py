@@ -35,8 +35,12 @@ import sys
 FD_ENV = "LABKIT_ZYGOTE_FD"  # the zygote's end of its socket
 MAX_FDS = 32
 MAX_MESSAGE = 1 << 20
-NAMESPACES = ("cgroup", "ipc", "uts", "pid", "mnt")  # mnt last: after it, host paths are gone
-STATUS = struct.Struct("i")  # the child's exit code, Popen's convention (-N: signal N)
+NAMESPACES = ("cgroup", "ipc", "uts", "net", "pid", "mnt")  # mnt last: after it, host paths are gone
+# On the status pipe: the child's pid (as the host numbers it) once it is forked, then how it
+# ended: its exit code (Popen's convention, -N: signal N) and the CPU it and what it waited for
+# used (user, system seconds).
+STARTED = struct.Struct("i")
+ENDED = struct.Struct("idd")
 CAP_LAST = 63  # PR_CAPBSET_DROP of a number the kernel does not know is EINVAL: ignored
 PR_CAPBSET_DROP, PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP = 24, 4, 38, 22
 SECCOMP_MODE_FILTER = 2
@@ -143,8 +147,9 @@ def _intermediate(request: dict, fds: list[int], bpf: bytes) -> int:
     for fd in fds:
         if fd != status_w:
             os.close(fd)
-    _, status = os.waitpid(child, 0)
-    os.write(status_w, STATUS.pack(os.waitstatus_to_exitcode(status)))
+    os.write(status_w, STARTED.pack(child))
+    _, status, usage = os.wait4(child, 0)
+    os.write(status_w, ENDED.pack(os.waitstatus_to_exitcode(status), usage.ru_utime, usage.ru_stime))
     return 0
 
 
