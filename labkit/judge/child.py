@@ -143,7 +143,7 @@ def spawn(module: Path, *, workdir: Path, env: dict[str, str], pass_fds: tuple[i
     box = child_box(module, workdir, env, lab=lab)
     if zygote.usable(box):  # the same box, the interpreter forked warm into it
         proc = zygote.spawn(box, stdin=subprocess.PIPE, stdout=stdout, stderr=stderr, pass_fds=pass_fds,
-                            lab=lab, preload=env.get(PRELOAD, ""), site_packages=env.get("LABKIT_SITE_PACKAGES", ""))
+                            lab=lab, site_packages=env.get("LABKIT_SITE_PACKAGES", ""))
         if proc is not None:
             return proc
         box.close()  # the zygote could not serve it: a fresh child, in a fresh box

@@ -252,7 +252,7 @@ class Launcher:
         box = self._box(policy, workdir, folder)
         if zygote.usable(box):
             proc = zygote.spawn(box, stdin=stdin, stdout=stdout, stderr=stderr, pass_fds=tuple(passed), lab=lab,
-                                preload=env.get("LABKIT_PRELOAD", ""), site_packages=env.get("LABKIT_SITE_PACKAGES", ""))
+                                site_packages=env.get("LABKIT_SITE_PACKAGES", ""))
             if proc is not None:
                 return box, proc
             box.close()

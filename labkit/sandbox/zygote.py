@@ -76,7 +76,7 @@ class Zygote:
             self.proc.wait(timeout=KILL_GRACE)
 
 
-_ZYGOTES: dict[tuple[str | None, str], Zygote | None] = {}  # None: it could not start here
+_ZYGOTES: dict[str | None, Zygote | None] = {}  # None: it could not start here
 _LOCK = threading.Lock()
 
 
@@ -94,23 +94,27 @@ def pids() -> set[int]:
         return {z.proc.pid for z in _ZYGOTES.values() if z is not None and z.proc.poll() is None}
 
 
-def _probes(lab: str | None) -> list[str]:
+def _warm_imports(lab: str | None) -> tuple[list[str], list[str]]:
+    """The probes modules and the manifest's `preload` of lab package `lab` (every lab's probes
+    and no preload for None): what every child of it imports, early-started or not."""
     from labkit import labs
 
     every = list(labs.manifests().values())
-    chosen = [m for m in every if m.package == lab] or every
-    return [m.module(part) for m in chosen for part in m.probes]
+    chosen = [m for m in every if m.package == lab]
+    probes = [m.module(part) for m in chosen or every for part in m.probes]
+    return probes, [name for m in chosen for name in m.preload]
 
 
-def _start(lab: str | None, preload: str, site_packages: str, env: dict[str, str]) -> Zygote | None:
+def _start(lab: str | None, site_packages: str, env: dict[str, str]) -> Zygote | None:
     from labkit.sandbox import seccomp
 
+    probes, preload = _warm_imports(lab)
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
         proc = subprocess.Popen(
             [sys.executable, "-S", "-P", "-m", "labkit.sandbox.zygote_main"],
             env={**env, FD_ENV: str(theirs.fileno()), "LABKIT_SITE_PACKAGES": site_packages,
-                 "LABKIT_PRELOAD": preload, "LABKIT_ZYGOTE_PROBES": ",".join(_probes(lab))},
+                 "LABKIT_PRELOAD": ",".join(preload), "LABKIT_ZYGOTE_PROBES": ",".join(probes)},
             pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL, cwd="/", start_new_session=True)
     except OSError:
@@ -132,11 +136,11 @@ def _start(lab: str | None, preload: str, site_packages: str, env: dict[str, str
     return zygote
 
 
-def _zygote(lab: str | None, preload: str, site_packages: str, env: dict[str, str]) -> Zygote | None:
-    key = (lab, preload)
+def _zygote(lab: str | None, site_packages: str, env: dict[str, str]) -> Zygote | None:
+    key = lab
     with _LOCK:
         if key not in _ZYGOTES:
-            _ZYGOTES[key] = _start(lab, preload, site_packages, env)
+            _ZYGOTES[key] = _start(lab, site_packages, env)
         return _ZYGOTES[key]
 
 
@@ -183,13 +187,13 @@ def _inside(box: Box, reported: int | None) -> int | None:
 
 
 def spawn(box: Box, *, stdin, stdout, stderr, pass_fds: tuple[int, ...], lab: str | None,
-          preload: str, site_packages: str) -> ZygotePopen | None:
+          site_packages: str) -> ZygotePopen | None:
     """Run `labkit.probe.main` in `box` as a child forked from the lab's zygote; None when the
     zygote cannot (the box is then untouched, or closed when its set-up failed). `stdin`:
     `subprocess.PIPE` (the returned `stdin` writes to it) or an fd; `stdout`, `stderr`: fds or files."""
     from labkit.sandbox import profiles
 
-    zygote = _zygote(lab, preload, site_packages, {**profiles.base_env(), "PYTHONPATH": str(ROOT)})
+    zygote = _zygote(lab, site_packages, {**profiles.base_env(), "PYTHONPATH": str(ROOT)})
     if zygote is None:
         return None
     # The holder runs as a uid of its own: nothing in the box can signal it (the child's
