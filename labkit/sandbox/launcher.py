@@ -10,6 +10,9 @@ process could have touched. The step folder it binds into a child is a directory
 opened and sent (`bwrap --bind-fd`); the child's stdio and private pipes are fds the judge sent;
 the network and pid namespaces it puts the child in are the judge's, opened once at the start
 from the judge's own pid (`/proc/<pid>/ns/*`: kernel objects, not files anyone can replace).
+The child itself is forked by the launcher's zygote (`zygote.py`) into the box made for it; the
+box's namespaces are opened from the box's own first process, found in its cgroup before
+anything of the student's runs there (only the box's holder, uid 65534, does).
 What it does refuse: any request outside the policy — another program than the probe, a course module outside `labkit/`, a step folder outside the judge's /tmp, more
 children at once than `MAX_BOXES`, a malformed or oversized message.
 
@@ -17,7 +20,7 @@ Requests (one SOCK_SEQPACKET datagram each, JSON, fds attached) and replies:
 
     {"op": "spawn", "rid": r, "argv": [...], "env": {...}, "workdir": "/tmp/...",
      "code_modules": [...], "lab": "checks.outbox" | null, "fd_env": {"LABKIT_RESULT_FD": i}}   fds: stdin, stdout, stderr, workdir, *pass
-        → {"rid": r, "box": b, "pid": <the box's first process, in the judge's pid namespace>}
+        → {"rid": r, "box": b, "pid": <the child (forked) or the box's first process, in the judge's pid namespace>}
     {"op": "kill" | "stop" | "cont", "rid": r, "box": b}         → {"rid": r, "ok": true}
     {"op": "pids", "rid": r, "box": b}                             → {"rid": r, "pids": [...]}
     and, unasked, once a child's sandbox has ended and been cleaned up:

@@ -3,16 +3,18 @@
 `spawn(box, ...)` gives what `Box.spawn` gives (a Popen-like `ZygotePopen`), for the same box:
 bwrap still makes every mount, the fresh /tmp, the namespaces and the cgroup of each case; only
 the interpreter that runs in it is not started and warmed again. The box's command is a shell
-that says "ready" once bwrap has set everything up, then sleeps as a uid of its own (nothing inside can signal it); the zygote (`zygote_main.py`,
-one per judge process and lab) forks the child into the box's namespaces and cgroup, and the
-child drops to the box's uid, limits and seccomp filter itself before the student's module
-loads. Measured (benchmarks/child_cost.py): a child costs 20-25 ms of CPU this way, against
-60-140 ms started fresh (pipeline's psycopg and valkey alone are ~100 ms).
+that says "ready" once bwrap has set everything up, then sleeps as a uid of its own (nothing
+inside can signal it); the zygote (`zygote_main.py`, one per process and lab) forks the child
+into the box's namespaces and cgroup, and the child drops to the box's uid, limits and seccomp
+filter itself before the student's module loads. Measured (benchmarks/child_cost.py): a child
+costs 13-30 ms of CPU this way, against 37-120 ms started fresh (pipeline's psycopg and valkey
+alone are ~100 ms).
 
-Only for a box this process makes itself as root (a grading judge's children are made by the
-launcher, `remote.py`); `LABKIT_ZYGOTE=off` starts every child fresh. When the zygote cannot
-serve a case (it did not start, it is gone), `spawn` returns None and the caller starts the
-child fresh: never a verdict about the student.
+For a box a root process makes: the judge's own (a student's checks, the tests) or the
+launcher's (grading: `launcher.py`, in the unprivileged judge's namespaces).
+`LABKIT_ZYGOTE=off` starts every child fresh. When the zygote cannot serve a case (it did not
+start, it is gone), `spawn` returns None and the caller starts the child fresh: never a verdict
+about the student.
 """
 
 from __future__ import annotations

@@ -5,11 +5,11 @@ lab's heavy modules (psycopg, valkey, asyncio) before it reaches the student's m
 process pays that once: it imports exactly what a child would (`labkit.probe.main`, the lab's
 probes, the manifest's `preload`) and never anything else, never the student's code and never
 the judge's. For each case the judge (`zygote.py`) first opens the case's box as before (bwrap:
-its mounts, a fresh /tmp, pid/ipc/uts/cgroup namespaces, its cgroup; a shell in it that only
-says "ready" and sleeps), then sends here the box's namespace fds, the child's stdio and pipes.
+its mounts, a fresh /tmp, pid/ipc/uts/cgroup namespaces, its cgroup; a shell in it, as uid 65534,
+that only says "ready" and sleeps), then sends here the box's namespace fds, the child's stdio and pipes.
 
 Here, per case: fork (the *intermediate*, root, outside the box's pid namespace: it joins the
-box's cgroup, enters its namespaces, forks the child and reports its exit status on a pipe),
+box's cgroup, enters its namespaces (net too: a launched box has the judge's), forks the child and reports its exit status on a pipe),
 then, in the child, before any of the student's code: a new session, the box's work folder,
 no capabilities (bounding set dropped, then a real unprivileged uid and gid, no groups), the
 per-process limits, `no_new_privs` and the same seccomp filter bwrap installs, the judge's fd
