@@ -107,10 +107,11 @@ def _warm_imports(lab: str | None) -> tuple[list[str], list[str]]:
     return probes, [name for m in chosen for name in m.preload]
 
 
-def _start(lab: str | None, site_packages: str, env: dict[str, str]) -> Zygote | None:
-    from labkit.sandbox import seccomp
+def _start(lab: str | None, site_packages: str) -> Zygote | None:
+    from labkit.sandbox import profiles, seccomp
 
     probes, preload = _warm_imports(lab)
+    env = {**profiles.base_env(), "PYTHONPATH": str(ROOT)}  # the box's plain environment, never ours
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
         proc = subprocess.Popen(
@@ -138,12 +139,11 @@ def _start(lab: str | None, site_packages: str, env: dict[str, str]) -> Zygote |
     return zygote
 
 
-def _zygote(lab: str | None, site_packages: str, env: dict[str, str]) -> Zygote | None:
-    key = lab
+def _zygote(lab: str | None, site_packages: str) -> Zygote | None:
     with _LOCK:
-        if key not in _ZYGOTES:
-            _ZYGOTES[key] = _start(lab, site_packages, env)
-        return _ZYGOTES[key]
+        if lab not in _ZYGOTES:
+            _ZYGOTES[lab] = _start(lab, site_packages)
+        return _ZYGOTES[lab]
 
 
 def _drop(zygote: Zygote) -> None:
@@ -193,9 +193,7 @@ def spawn(box: Box, *, stdin, stdout, stderr, pass_fds: tuple[int, ...], lab: st
     """Run `labkit.probe.main` in `box` as a child forked from the lab's zygote; None when the
     zygote cannot (the box is then untouched, or closed when its set-up failed). `stdin`:
     `subprocess.PIPE` (the returned `stdin` writes to it) or an fd; `stdout`, `stderr`: fds or files."""
-    from labkit.sandbox import profiles
-
-    zygote = _zygote(lab, site_packages, {**profiles.base_env(), "PYTHONPATH": str(ROOT)})
+    zygote = _zygote(lab, site_packages)
     if zygote is None:
         return None
     # The holder runs as a uid of its own: nothing in the box can signal it (the child's
