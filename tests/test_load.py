@@ -25,6 +25,7 @@ from catalogue import labs_with_wrong_solutions, promise, run_steps, step_verdic
 from test_catalogue_seeds import file_fingerprint
 
 SPIN = "while True:\n    pass\n"
+MAX_IDLE = 0.1  # of the machine's CPU time, while the spinners run
 THREADS = 2  # as the seed test runs its seeds: the judge's own concurrency stays in the picture
 
 
@@ -38,17 +39,30 @@ def sample(lab: str) -> list[tuple[Path, str]]:
 
 @pytest.fixture
 def busy():
-    """One spinning interpreter per core, for the test's length; each must have used the CPU."""
+    """One spinning interpreter per core, for the test's length. Proven afterwards: each spinner
+    ran, and the machine had (almost) no idle CPU meanwhile. (Not "each spinner got a core":
+    beside other xdist workers the machine is busier still, and the spinners get less of it.)"""
     spinners = [subprocess.Popen([sys.executable, "-c", SPIN]) for _ in range(os.cpu_count() or 2)]
+    before = psutil.cpu_times()
     try:
         yield spinners
+        after = psutil.cpu_times()
         used = [psutil.Process(p.pid).cpu_times().user for p in spinners]
-        assert all(seconds > 1.0 for seconds in used), f"the competing processes did not compete: {used}"
+        assert all(seconds > 0.2 for seconds in used), f"a competing process never ran: {used}"
+        assert idle_share(before, after) < MAX_IDLE, \
+            f"the cores were not kept busy: {idle_share(before, after):.0%} of the CPU time was idle"
     finally:
         for proc in spinners:
             proc.kill()
         for proc in spinners:
             proc.wait(timeout=10)
+
+
+def idle_share(before, after) -> float:
+    """The machine's idle (and I/O wait) share of its CPU time between two `psutil.cpu_times()`."""
+    idle = (after.idle - before.idle) + (getattr(after, "iowait", 0) - getattr(before, "iowait", 0))
+    total = sum(after) - sum(before)
+    return idle / total if total > 0 else 1.0
 
 
 @pytest.mark.parametrize("lab", labs_with_wrong_solutions())
