@@ -10,6 +10,7 @@ written once.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import tomllib
@@ -29,6 +30,9 @@ class Step:
     title: str
     points: int
     requires: tuple[int, ...] = ()
+    # The student's functions the step's check calls. When every one of them is still the
+    # skeleton, the judge says "not implemented yet" without running a case (labkit.judge.skeleton).
+    functions: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -67,8 +71,12 @@ def read(folder: Path, package: str) -> Manifest:
     with open(folder / "manifest.toml", "rb") as fh:
         data = tomllib.load(fh)
     try:
-        steps = tuple(Step(s["step"], s["title"], int(s["points"]), tuple(s.get("requires", ())))
-                      for s in data["steps"])
+        steps = tuple(Step(s["step"], s["title"], int(s["points"]), tuple(s.get("requires", ())),
+                           tuple(s.get("functions", ()))) for s in data["steps"])
+        # The final scenario runs the whole lab: unless it says otherwise, it calls every function.
+        every = tuple(dict.fromkeys(f for s in steps for f in s.functions))
+        steps = tuple(dataclasses.replace(s, functions=every) if str(s.step) == "final" and not s.functions else s
+                      for s in steps)
         fields = {k: data[k] for k in ("checks", "quiz", "when_done") if k in data}
         for key in ("probes", "preload"):
             if key in data:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from labkit import labs
-from labkit.judge import expect
+from labkit.judge import expect, skeleton
 from labkit.judge.ahead import SessionsAhead
 from labkit.judge.child import ChildRun, Started, run_child, start
 from labkit.judge.contract import Clause
@@ -39,6 +39,7 @@ class StepSpec:
     points: int
     run: Callable[[StepContext], list[Case]]
     requires: tuple[int, ...] = ()
+    functions: tuple[str, ...] = ()  # the student's functions it calls (the manifest's)
 
 
 @dataclass
@@ -92,7 +93,8 @@ def lab_spec(package: str, runs: Mapping[int | str, Callable], contract: tuple =
         raise labs.ManifestError(f"{lab.name}: the manifest's steps {sorted(named)} and the checks' "
                             f"{sorted(str(k) for k in runs)} differ")
     by_name = {str(k): run for k, run in runs.items()}
-    steps = [StepSpec(s.step, s.title, s.points, by_name[str(s.step)], requires=s.requires) for s in lab.steps]
+    steps = [StepSpec(s.step, s.title, s.points, by_name[str(s.step)], requires=s.requires, functions=s.functions)
+             for s in lab.steps]
     # A lab without probes of its own calls its functions through labkit's generic ones.
     probes = lab.module(lab.probes[0]) if lab.probes else "labkit.probe"
     return LabSpec(lab.name, lab.module_name, probes, steps, contract=contract, session=session,
@@ -221,8 +223,11 @@ def slices(count: int, size: int) -> list[slice]:
 
 
 def _run_step(lab: LabSpec, spec: StepSpec, solution: Path, seed: int, timeout: float,
-              shared: Any = None) -> StepVerdict:
+              shared: Any = None, skeletons: frozenset[str] = frozenset()) -> StepVerdict:
     started = time.monotonic()
+    untouched = skeleton.skeleton_cases(spec.functions, skeletons)
+    if untouched is not None:  # nothing of the student's to run: the verdict every case would give
+        return StepVerdict(spec.step, spec.title, spec.points, cases=untouched, seconds=time.monotonic() - started)
     workdir = Path(tempfile.mkdtemp(prefix="labkit-"))
     ctx = StepContext(lab, solution, workdir, random.Random(f"{seed}:{spec.step}"), seed, timeout, step=spec.step,
                       shared=shared)
@@ -297,16 +302,20 @@ def run_lab(lab: LabSpec, solution: Path, steps: Sequence[int | str] | None = No
     timeout = timeout or step_timeout()
     chosen = [lab.step(s) for s in steps] if steps else list(lab.steps)
     verdict = LabVerdict(lab.name, seed)
-    if ahead is not None:
+    skeletons = skeleton.of_file(solution)
+    if all(skeleton.skeleton_cases(s.functions, skeletons) is not None for s in chosen):
+        session = contextlib.nullcontext()  # no step runs a case: no servers to start for them
+    elif ahead is not None:
         session = ahead.session(lab)
     else:
         session = lab.session() if lab.session is not None else contextlib.nullcontext()
     with session as shared:
-        return _run_steps(lab, chosen, solution, seed, timeout, explain, verdict, started, shared, jobs)
+        return _run_steps(lab, chosen, solution, seed, timeout, explain, verdict, started, shared, jobs, skeletons)
 
 
 def _run_steps(lab: LabSpec, chosen: list[StepSpec], solution: Path, seed: int, timeout: float, explain: bool,
-               verdict: LabVerdict, started: float, shared: Any, jobs: int) -> LabVerdict:
+               verdict: LabVerdict, started: float, shared: Any, jobs: int,
+               skeletons: frozenset[str] = frozenset()) -> LabVerdict:
     # The import check runs beside the steps, not before them: a module that loads (the usual
     # case) should not wait a process start for it. If it does not load, steps still queued
     # never start, and each running one ends within its own limit.
@@ -316,7 +325,8 @@ def _run_steps(lab: LabSpec, chosen: list[StepSpec], solution: Path, seed: int, 
         # so the steps share the other workers beside it instead of all running before it.
         # Verdicts keep the lab's order.
         first = sorted(range(len(chosen)), key=lambda i: str(chosen[i].step) != "final")
-        submitted = {i: pool.submit(_run_step, lab, chosen[i], solution, seed, timeout, shared) for i in first}
+        submitted = {i: pool.submit(_run_step, lab, chosen[i], solution, seed, timeout, shared, skeletons)
+                     for i in first}
         futures = [submitted[i] for i in range(len(chosen))]
         problem = check.result()
         if problem is not None:
@@ -334,14 +344,14 @@ def _run_steps(lab: LabSpec, chosen: list[StepSpec], solution: Path, seed: int, 
         verdict.seconds = time.monotonic() - started
         return verdict
     if explain:
-        _explain_dependencies(lab, results, solution, seed, timeout, shared)
+        _explain_dependencies(lab, results, solution, seed, timeout, shared, skeletons)
     verdict.steps = results
     verdict.seconds = time.monotonic() - started
     return verdict
 
 
 def _explain_dependencies(lab: LabSpec, results: list[StepVerdict], solution: Path, seed: int,
-                          timeout: float, shared: Any = None) -> None:
+                          timeout: float, shared: Any = None, skeletons: frozenset[str] = frozenset()) -> None:
     """A step that fails because a step it builds on fails should say so, and name it."""
     known = {str(v.step): v for v in results}
     for verdict in results:
@@ -351,7 +361,7 @@ def _explain_dependencies(lab: LabSpec, results: list[StepVerdict], solution: Pa
         failing = []
         for number in spec.requires:
             if str(number) not in known:  # run only on demand: passing code never pays for this
-                known[str(number)] = _run_step(lab, lab.step(number), solution, seed, timeout, shared)
+                known[str(number)] = _run_step(lab, lab.step(number), solution, seed, timeout, shared, skeletons)
             if not known[str(number)].passed:
                 failing.append(known[str(number)])
         if failing:
