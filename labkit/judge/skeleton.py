@@ -17,6 +17,8 @@ cost a student feedback on code that raises NotImplementedError whenever it is c
 from __future__ import annotations
 
 import ast
+import hashlib
+import threading
 from pathlib import Path
 
 from labkit.judge.expect import grey_case
@@ -27,15 +29,31 @@ DYNAMIC_NAMES = frozenset({"globals", "vars", "locals", "setattr", "delattr", "e
                            "__import__", "importlib", "builtins", "__builtins__", "sys", "inspect"})
 DYNAMIC_ATTRS = frozenset({"__dict__", "__globals__", "__code__", "__setattr__", "modules"})
 MAX_SOURCE = 2 * 1024 * 1024  # a bigger module is simply judged
+MAX_CACHED = 256  # sources read (by digest), kept for the next step, seed or check
+_READ: dict[bytes, frozenset[str]] = {}
+_LOCK = threading.Lock()
 
 
 def skeletons(source: str) -> frozenset[str]:
-    """The names of the module's top-level functions that can only raise NotImplementedError."""
+    """The names of the module's top-level functions that can only raise NotImplementedError.
+    One parse at a time, each source once: CPython 3.11's AST conversion keeps its recursion
+    depth in shared state, and two threads converting at once fail with SystemError ("AST
+    constructor recursion depth mismatch"; seen when the tests judged two seeds at once)."""
     if len(source) > MAX_SOURCE:
         return frozenset()
+    key = hashlib.sha256(source.encode("utf-8", "surrogatepass")).digest()
+    with _LOCK:
+        if key not in _READ:
+            if len(_READ) >= MAX_CACHED:
+                _READ.clear()
+            _READ[key] = _read(source)
+        return _READ[key]
+
+
+def _read(source: str) -> frozenset[str]:
     try:
         tree = ast.parse(source)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
+    except (SyntaxError, ValueError, RecursionError, MemoryError, SystemError):
         return frozenset()
     if _dynamic(tree):
         return frozenset()
