@@ -60,8 +60,12 @@ def busy():
 
 def idle_share(before, after) -> float:
     """The machine's idle (and I/O wait) share of its CPU time between two `psutil.cpu_times()`."""
-    idle = (after.idle - before.idle) + (getattr(after, "iowait", 0) - getattr(before, "iowait", 0))
-    total = sum(after) - sum(before)
+    def spent(times, names):
+        return sum(getattr(times, name, 0.0) for name in names)
+
+    names = [n for n in after._fields if not n.startswith("guest")]  # guest time is already in user
+    idle = spent(after, ("idle", "iowait")) - spent(before, ("idle", "iowait"))
+    total = spent(after, names) - spent(before, names)
     return idle / total if total > 0 else 1.0
 
 
