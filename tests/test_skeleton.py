@@ -114,6 +114,7 @@ NOT_SKELETONS = {
     "star import": "from os.path import *\n\ndef f():\n    raise NotImplementedError\n",
     "exec": "def f():\n    raise NotImplementedError\n\nexec('f = len')\n",
     "walrus": "def f():\n    raise NotImplementedError\n\n[(f := len) for _ in [1]]\n",
+    "a lambda's default": "def f():\n    raise NotImplementedError\n\ng = lambda x=(f := len): x\n",
     "a loop variable": "def f():\n    raise NotImplementedError\n\nfor f in [len]:\n    pass\n",
     "a syntax error": "def f(:\n    raise NotImplementedError\n",
 }

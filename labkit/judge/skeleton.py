@@ -112,7 +112,10 @@ def _module_bindings(tree: ast.Module) -> dict[str, int]:
                     if default is not None:
                         visit(default)
             return
-        if isinstance(node, ast.Lambda):
+        if isinstance(node, ast.Lambda):  # its defaults are evaluated here, its body is its own
+            for default in (*node.args.defaults, *node.args.kw_defaults):
+                if default is not None:
+                    visit(default)
             return
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             for alias in node.names:
