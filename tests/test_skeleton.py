@@ -110,6 +110,7 @@ NOT_SKELETONS = {
     "globals()": "def f():\n    raise NotImplementedError\n\nglobals()['f'] = len\n",
     "setattr": "import types\n\ndef f():\n    raise NotImplementedError\n\nsetattr(types, 'x', 1)\n",
     "sys.modules": "import sys\n\ndef f():\n    raise NotImplementedError\n\nsys.modules[__name__].f = len\n",
+    "from sys import modules": "from sys import modules as m\n\ndef f():\n    raise NotImplementedError\n\nm[__name__].f = len\n",
     "global": "def f():\n    raise NotImplementedError\n\ndef g():\n    global f\n    f = len\n\ng()\n",
     "star import": "from os.path import *\n\ndef f():\n    raise NotImplementedError\n",
     "exec": "def f():\n    raise NotImplementedError\n\nexec('f = len')\n",

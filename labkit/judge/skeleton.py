@@ -91,6 +91,8 @@ def _dynamic(tree: ast.Module) -> bool:
         if isinstance(node, (ast.Import, ast.ImportFrom)) and any(
                 a.name == "*" or a.name.split(".")[0] in DYNAMIC_NAMES for a in node.names):
             return True
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in DYNAMIC_NAMES:
+            return True  # `from sys import modules`: the same door under another name
     return False
 
 
