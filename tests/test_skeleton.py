@@ -83,6 +83,18 @@ def test_the_untouched_lab_gets_the_verdict_its_cases_give_without_running_them(
         assert all(c.got == "not implemented yet" and c.hint for c in a.cases)
 
 
+def test_a_fifo_or_a_missing_file_is_read_as_no_skeleton_without_waiting(tmp_path):
+    import os
+
+    fifo = tmp_path / "worker.py"
+    os.mkfifo(fifo)
+    assert skeleton.of_file(fifo) == frozenset()  # returns: nothing ever writes to it
+    assert skeleton.of_file(tmp_path / "absent.py") == frozenset()
+    regular = tmp_path / "regular.py"
+    regular.write_text(SKELETONS["bare"])
+    assert skeleton.of_file(regular) == {"f"}
+
+
 def test_a_step_with_one_function_written_still_runs_its_cases():
     found = skeleton.skeletons("def open_source(p):\n    return p\n\ndef open_sink(p):\n    raise NotImplementedError\n")
     assert found == {"open_sink"}

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import os
+import stat
 import threading
 from pathlib import Path
 
@@ -66,10 +68,21 @@ def _read(source: str) -> frozenset[str]:
 
 
 def of_file(path: Path) -> frozenset[str]:
+    """`skeletons` of a regular file, read bounded (a FIFO or a device is no module to read)."""
     try:
-        return skeletons(path.read_text(encoding="utf-8"))
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return frozenset()
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return frozenset()
+        with os.fdopen(os.dup(fd), "rb") as fh:
+            data = fh.read(MAX_SOURCE + 1)
+        return skeletons(data.decode("utf-8"))
     except (OSError, UnicodeDecodeError):
         return frozenset()
+    finally:
+        os.close(fd)
 
 
 def skeleton_cases(functions: tuple[str, ...], found: frozenset[str]) -> list[Case] | None:
