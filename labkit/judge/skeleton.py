@@ -118,19 +118,16 @@ def _module_bindings(tree: ast.Module) -> dict[str, int]:
         counts[name] = counts.get(name, 0) + 1
 
     def visit(node: ast.AST) -> None:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            bind(node.name)
-            for part in (*node.decorator_list, *getattr(node, "bases", ()), *getattr(node, "keywords", ())):
-                visit(part)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            # Only what is evaluated here: decorators, bases, defaults. The body is its own scope.
+            if not isinstance(node, ast.Lambda):
+                bind(node.name)
+            evaluated = [*getattr(node, "decorator_list", ()), *getattr(node, "bases", ()),
+                         *getattr(node, "keywords", ())]
             if not isinstance(node, ast.ClassDef):
-                for default in (*node.args.defaults, *node.args.kw_defaults):
-                    if default is not None:
-                        visit(default)
-            return
-        if isinstance(node, ast.Lambda):  # its defaults are evaluated here, its body is its own
-            for default in (*node.args.defaults, *node.args.kw_defaults):
-                if default is not None:
-                    visit(default)
+                evaluated += [d for d in (*node.args.defaults, *node.args.kw_defaults) if d is not None]
+            for part in evaluated:
+                visit(part)
             return
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             for alias in node.names:
