@@ -19,6 +19,8 @@ file: the cap is a guarantee. A cut always leaves a note saying so.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import copy
 import json
 import threading
@@ -33,6 +35,7 @@ from nbformat import NotebookNode
 
 from labkit.grading.kernel_box import KernelBox
 from labkit.grading.settings import CRASHED, OK, TIMEOUT, Limits
+from labkit.judge.processes import Budget
 
 SKIP_TAG = "skip-execution"
 # Markdown attachments kept (the student's own pictures, shown through the sanitizer's `data:` rule).
@@ -107,11 +110,35 @@ class GradingClient(NotebookClient):
         self.notes: dict[int, NotebookNode] = {}
         self.dropped: dict[int, int] = {}
         self.widget_messages: dict[int, int] = {}
+        self.budget: Budget | None = None  # the running cell's time (`_over_time`)
         self.on_cell_start = self._started
         self.on_cell_executed = self._executed
 
     def _started(self, cell: NotebookNode, cell_index: int) -> None:
         self.current_cell = cell_index
+        pid = self._kernel_pid()
+        self.budget = Budget(pid, self.limits.cell_timeout) if pid is not None else None
+
+    def _kernel_pid(self) -> int | None:
+        """The pid nbclient's kernel manager launched (the kernel's sandbox, or the kernel)."""
+        process = getattr(getattr(self.km, "provisioner", None), "process", None)
+        return getattr(process, "pid", None)
+
+    async def _over_time(self) -> bool:
+        """Wait out what a busy machine took from the running cell; True if it is still running then.
+
+        nbclient's timeout is on the clock. A cell's limit is about the student's code, so the
+        time its kernel (and what the kernel started) spent runnable but waiting for a CPU is
+        added, up to `WALL_FACTOR` times the limit (`processes.Budget`): a cell that sleeps or
+        hangs is stopped at its limit, one slowed by a loaded machine is not (seen in CI: a cell
+        writing 4 GB to a capped tmpfs passed its 5 s on an idle machine and not on a busy one)."""
+        budget = self.budget
+        while budget is not None and time.monotonic() < budget.deadline():
+            with contextlib.suppress(Exception):  # a broken channel: the timeout stands
+                if await ensure_async(self.kc.shell_channel.msg_ready()):
+                    return False  # answered meanwhile: nbclient reads the reply next
+            await asyncio.sleep(0.05)
+        return True
 
     def _executed(self, cell: NotebookNode, cell_index: int, execute_reply=None, **_) -> None:
         self.finished.add(cell_index)
@@ -236,6 +263,8 @@ class GradingClient(NotebookClient):
             self.kill_kernel()
             raise CellTimeoutError.error_from_timeout_and_cell(
                 "Cell execution timed out, and did not stop when interrupted", timeout, cell)
+        if not await self._over_time():
+            return None
         self.interrupted.add(index)
         await ensure_async(self.km.interrupt_kernel())
         grace = threading.Timer(INTERRUPT_GRACE, self._kill_if_still, args=(index,))
