@@ -84,9 +84,36 @@ def nothing_left(tag, judge_tmp):
 SPREAD = {"test_catalogue_seeds", "test_case_inputs", "test_no_course_blame"}
 
 
+# Modules that build a graded batch, nbgrader's folders, a release or a browser session: each
+# runs 1-3 minutes on one worker (CI's --durations, longest first). They start first, and the
+# many short tests fill the cores beside them. xdist's own order (most tests first) started them
+# last: the run ended with one worker still building a batch and the others idle.
+LONG = ("test_class", "test_hostile2", "test_first_hour", "test_grading_outputs", "test_grading",
+        "test_jupyterlab", "test_nbgrader_layout", "test_student_release", "test_pipeline",
+        "test_kernel_explains", "test_timeline_in_jupyterlab", "test_relay", "test_pipeline_grading")
+
+
+def pytest_collection_modifyitems(config, items):
+    """LONG modules first, in that order; then modules by their number of tests (xdist's own
+    order); the spread modules' single tests last, to fill in. Each module keeps its order."""
+    counts: dict[str, int] = {}
+    for item in items:
+        counts[item.path.stem] = counts.get(item.path.stem, 0) + 1
+
+    def rank(item) -> tuple:
+        stem = item.path.stem
+        if stem in LONG:
+            return (0, LONG.index(stem), "")
+        return (2, 0, "") if stem in SPREAD else (1, -counts[stem], str(item.path))
+
+    items.sort(key=rank)
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import LoadScopeScheduling
+
+    config.option.loadscopereorder = False  # the order is pytest_collection_modifyitems's
 
     class ModulesTogether(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
