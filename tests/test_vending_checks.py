@@ -81,11 +81,23 @@ def dependents(lab: LabSpec, step: str) -> set[str]:
     return found
 
 
-def nothing_left_running() -> list[str]:
-    left = [t.name for t in threading.enumerate() if t.name.startswith("labkit-feed-")]
-    left += [f"child process {p.pid} ({p.name()})" for p in psutil.Process().children(recursive=True)
-             if p.pid not in zygote.pids()]  # kept for the next check, by design
-    return left
+def running_now() -> set[str]:
+    """Feed threads and child processes, but the zygotes (kept for the next check, by design)."""
+    found = {t.name for t in threading.enumerate() if t.name.startswith("labkit-feed-")}
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            if proc.pid not in zygote.pids():
+                found.add(f"child process {proc.pid} ({' '.join(proc.cmdline())[:160]})")
+        except psutil.Error:  # ended meanwhile
+            continue
+    return found
+
+
+def left_running(before: set[str]) -> list[str]:
+    """What runs now and did not before the run. Another module's straggler is not this run's:
+    this process is a subreaper, so an orphan of an earlier test's subprocess (seen in CI: a
+    python that outlived its module) re-parents to it and counts among its children."""
+    return sorted(running_now() - before)
 
 
 # --- the catalogue ------------------------------------------------------------------------
@@ -122,8 +134,9 @@ def test_the_reference_is_built_from_the_lesson():
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_reference_passes_every_step(lab, seed):
+    before = running_now()
     verdict = run_lab(lab, REFERENCE, seed=seed)
-    assert not nothing_left_running(), nothing_left_running()
+    assert left_running(before) == []
     assert [str(s.step) for s in verdict.steps] == [str(s.step) for s in lab.steps]
     steps = by_step(verdict)
     failing = {s.step: failures(s) for s in verdict.steps if not s.passed and str(s.step) != "final"}
@@ -318,8 +331,9 @@ def test_a_consume_session_that_never_returns_gets_a_verdict(lab, tmp_path):
     end = source.index("# --- step 7")
     module = tmp_path / "client.py"
     module.write_text(source[:start] + NEVER_RETURNS + "\n\n" + source[end:])
+    before = running_now()
     verdict = run_lab(lab, module, steps=[5, 6, 7, "final"], seed=SEED, timeout=2.0)
-    assert not nothing_left_running(), nothing_left_running()
+    assert left_running(before) == []
     steps = by_step(verdict)
     assert steps["5"].passed, failures(steps["5"])
     for step in ("6", "7", "final"):
