@@ -40,6 +40,8 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
+import parse_python
+
 from labkit import labs
 from labkit.judge import catalogue, coverage
 from labkit.judge.run import run_lab
@@ -197,7 +199,7 @@ def touched_definitions(path: Path, reference: Path) -> set[str]:
     """The top-level definitions of the reference that a wrong solution changes."""
     text = reference.read_text()
     spans = []
-    for node in ast.parse(text).body:
+    for node in parse_python.parse(text).body:
         label = getattr(node, "name", None) or ast.unparse(getattr(node, "targets", [node])[0])
         spans.append((node.lineno, node.end_lineno, label))
     body = path.read_text().split("\n", 1)[1].lstrip("\n").splitlines()  # after the docstring line

@@ -14,6 +14,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import parse_python
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("labkit", "checks")
 
@@ -46,14 +48,8 @@ def _modules() -> dict[str, Path]:
 
 
 def parse(file: Path) -> ast.Module:
-    """`ast.parse` of a file. CPython 3.11 (3.11.7 here) sometimes raises a spurious SystemError
-    ("AST constructor recursion depth mismatch", seen in two CI runs, in this test and in
-    test_manifests) for a source that parses on a second try."""
-    source = file.read_text(encoding="utf-8")
-    try:
-        return ast.parse(source, str(file))
-    except SystemError:
-        return ast.parse(source, str(file))
+    """`ast.parse` of a file (`parse_python`: CPython 3.11.7's spurious SystemError)."""
+    return parse_python.parse(file.read_text(encoding="utf-8"), str(file))
 
 
 def _type_checking(node: ast.If) -> bool:

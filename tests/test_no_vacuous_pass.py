@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 
+import parse_python
 import pytest
 
 from labkit import labs
@@ -25,7 +26,7 @@ def raising_first(source: str) -> str:
     """`source` with FIRST_LINE as the first statement (after the docstring) of each public function."""
     lines = source.splitlines()
     places = []
-    for node in ast.parse(source).body:
+    for node in parse_python.parse(source).body:
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and not node.name.startswith("_"):
             body = node.body
             docstring = isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)

@@ -13,6 +13,7 @@ import inspect
 from pathlib import Path
 
 import nbformat
+import parse_python
 import pytest
 from catalogue import every_wrong_file
 
@@ -154,4 +155,4 @@ def test_what_could_be_something_else_is_never_a_skeleton(source):
 def _top_level_functions(source: str) -> list[str]:
     import ast
 
-    return [n.name for n in ast.parse(source).body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    return [n.name for n in parse_python.parse(source).body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]

@@ -25,6 +25,7 @@ import zipfile
 from pathlib import Path
 
 import nbformat
+import parse_python
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,7 +56,7 @@ def reference_bodies() -> list[tuple[str, str, list[str]]]:
     found = []
     for path in sorted((ROOT / "solutions").glob("*.py")):
         source = path.read_text(encoding="utf-8")
-        for node in ast.walk(ast.parse(source)):
+        for node in ast.walk(parse_python.parse(source)):
             if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
                 continue
             first = node.body[1] if ast.get_docstring(node) and len(node.body) > 1 else node.body[0]
