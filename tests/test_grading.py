@@ -132,13 +132,15 @@ def row_points(row: dict) -> dict[str, int]:
 
 SKIP_DIRS = {".git", ".venv", "__pycache__", ".pytest_cache", ".ruff_cache", ".mypy_cache",
              ".hypothesis"}  # Hypothesis' example database: other tests write it meanwhile
+# At the top of the checkout only: the browser tests' screenshots, written meanwhile by another worker.
+SKIP_TOP = {"artifacts"}
 
 
 def tree_hash(top: Path) -> dict[str, str]:
     """Every path below `top` (never through a link) → its content's hash, or what it is."""
     found = {}
     for root, dirs, files in os.walk(top, followlinks=False):
-        dirs[:] = [d for d in dirs if d not in SKIP_DIRS]
+        dirs[:] = [d for d in dirs if d not in SKIP_DIRS and not (root == str(top) and d in SKIP_TOP)]
         for name in files + [d for d in dirs if Path(root, d).is_symlink()]:
             path = Path(root, name)
             info = path.lstat()
