@@ -53,7 +53,8 @@ _SUPPORT_LOCK = threading.Lock()
 
 
 def support() -> Support:
-    """Can this process run sandboxes? Tried once for real, then remembered.
+    """Can this process run sandboxes? Tried once for real, then remembered. Where it can, the
+    groups of sandboxes whose maker has died are cleared first (`cgroups.sweep_orphans`).
 
     Locked: a judge's steps start in threads, and each would otherwise try at once."""
     with _SUPPORT_LOCK:
@@ -81,6 +82,8 @@ def _try_support() -> Support:
     if proc.returncode != 0:
         said = err.decode("utf-8", "replace").strip()[-300:]
         return Support(False, f"bubblewrap failed here (exit {proc.returncode}): {said}")
+    if hierarchy is not None:
+        cgroups.sweep_orphans(hierarchy)
     return Support(True, cgroups=hierarchy)
 
 
