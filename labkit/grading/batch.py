@@ -48,7 +48,7 @@ from labkit.grading.settings import (
 from labkit.grading.shards import WHOLE, Shard, shard_of
 from labkit.grading.terminal import safe, safe_lines
 from labkit.limits import step_timeout
-from labkit.sandbox import cgroups, reaper
+from labkit.sandbox import reaper
 
 
 class BatchUsageError(Exception):
@@ -357,9 +357,9 @@ def _run_locked(found, skipped, batch: Batch, seed: int | None) -> int:
     reaper.become_subreaper()
     clean_stale(out)
     if batch.sandboxed:
-        swept = sweep.stale_groups() + cgroups.sweep_orphans()
+        swept = sweep.stale_groups()
         if swept:
-            print(f"removed {len(swept)} control group(s) left by an earlier grader that was killed", flush=True)
+            print(f"removed {len(swept)} empty control group(s) left by an earlier grader that was killed", flush=True)
     known = submissions.releases(release_dir())
     lab_names = labs.available()
     ctx = _context() if found else None
