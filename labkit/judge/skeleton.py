@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import ast
 import hashlib
-import os
-import stat
 import threading
 from pathlib import Path
 
+from labkit.judge import step_files
 from labkit.judge.expect import grey_case
 from labkit.judge.verdict import Case
 
@@ -68,21 +67,13 @@ def _read(source: str) -> frozenset[str]:
 
 
 def of_file(path: Path) -> frozenset[str]:
-    """`skeletons` of a regular file, read bounded (a FIFO or a device is no module to read)."""
+    """`skeletons` of a regular file, read bounded and without blocking (`step_files.read`: a
+    FIFO, a device or a link is no module to read)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return frozenset()
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return frozenset()
-        with os.fdopen(os.dup(fd), "rb") as fh:
-            data = fh.read(MAX_SOURCE + 1)
-        return skeletons(data.decode("utf-8"))
+        contents = step_files.read(path, MAX_SOURCE, what="the module")
+        return frozenset() if contents.cut else skeletons(contents.data.decode("utf-8"))
     except (OSError, UnicodeDecodeError):
         return frozenset()
-    finally:
-        os.close(fd)
 
 
 def skeleton_cases(functions: tuple[str, ...], found: frozenset[str]) -> list[Case] | None:
