@@ -26,9 +26,13 @@ def jupyter_env(tmp_path, monkeypatch):
 @pytest.fixture
 def judge_tmp(monkeypatch):
     """A private temp dir for the judge (and its children), and a list of what it created there.
-    Short, in /tmp rather than under tmp_path: a server's Unix socket linked into a step folder
-    there must fit in 107 bytes (xdist's tmp_path alone takes ~70)."""
-    private = Path(tempfile.mkdtemp(prefix="lk-", dir="/tmp"))
+    In the judge's own place for its folders (`labkit.scratch`: /dev/shm here, as /tmp is a disk),
+    so they land in it; short, rather than under tmp_path: a server's Unix socket linked into a
+    step folder there must fit in 107 bytes (xdist's tmp_path alone takes ~70)."""
+    from labkit import scratch
+
+    private = Path(tempfile.mkdtemp(prefix="lk-", dir=scratch.place()))
+    private.chmod(0o711)  # as /tmp: lab 04's servers, run as nobody under root, traverse it
     monkeypatch.setenv("TMPDIR", str(private))
     monkeypatch.setattr(tempfile, "tempdir", str(private))
     created: list[str] = []

@@ -17,6 +17,7 @@ from psycopg import errors
 from psycopg.conninfo import make_conninfo
 from server_folders import NOTHING, in_ci, leftovers, run_as_uid, temp_base
 
+from labkit import scratch
 from labkit.servers import cluster_cache, postgres
 from labkit.servers.processes import ServerMissing, processes_in
 
@@ -100,12 +101,12 @@ def test_a_start_that_fails_removes_what_it_made(base, monkeypatch):
 
 
 def test_the_data_goes_to_tmpfs_when_the_folder_is_not_and_its_processes_are_found_there(base):
-    if postgres._filesystem_type(base) == "tmpfs" or postgres._filesystem_type(postgres.FAST_PLACE) != "tmpfs":
+    if scratch.filesystem_type(base) == "tmpfs" or scratch.fast_place() is None:
         if in_ci():
             pytest.fail("CI's /tmp is not tmpfs and its /dev/shm is: the data folder must move there")
         pytest.skip("needs /tmp off tmpfs and /dev/shm on it")
     with postgres.running(base / "pg") as server:
-        assert server.data_home is not None and server.data_home.parent == postgres.FAST_PLACE
+        assert server.data_home is not None and server.data_home.parent == scratch.FAST_PLACE
         assert server.pid in processes_in(*server.places) and server.pid not in processes_in(server.folder)
         assert (server.socket_dir / ".s.PGSQL.5432").is_socket()  # the socket stays in the folder
     assert leftovers(*server.places) == NOTHING

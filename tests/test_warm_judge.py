@@ -17,6 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from labkit import scratch
 from labkit.notebook import warm_judge
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -143,7 +144,9 @@ def test_stop_leaves_nothing(judge):
 
 def _servers(judge_pid: int) -> tuple[list, set]:
     """Every PostgreSQL postmaster and Valkey the warm judge runs now, and their folders."""
-    roots = (Path("/tmp"), Path("/dev/shm"))  # the servers' folder, and PostgreSQL's data on a RAM disk
+    # the servers' folder (in the judge's place for folders, `labkit.scratch`: its TMPDIR here),
+    # and where PostgreSQL's data goes when that place is a disk
+    roots = (Path(scratch.place()), Path("/tmp"), scratch.FAST_PLACE)
     servers, folders = [], set()
     for p in psutil.Process(judge_pid).children(recursive=True):  # backends come and go
         with contextlib.suppress(psutil.Error):

@@ -19,7 +19,6 @@ from __future__ import annotations
 import itertools
 import os
 import shutil
-import tempfile
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +26,7 @@ from pathlib import Path
 import psycopg
 import psycopg.sql
 
+from labkit import scratch
 from labkit.servers import postgres, valkey
 
 # Per role, set by the judge: a connection left idle inside a transaction is ended by the server,
@@ -147,7 +147,7 @@ class Servers:
 
     def _folder(self) -> Path:
         if self.base is None:  # as root the servers run as nobody, who must traverse it
-            self.base = Path(tempfile.mkdtemp(prefix="labkit-pipeline-", dir="/tmp"))
+            self.base = scratch.folder("labkit-pipeline-")  # where the steps' folders are: a socket's hard link needs it
             os.chmod(self.base, 0o711)
         return self.base
 

@@ -18,7 +18,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -26,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from labkit import scratch
 from labkit.judge.processes import Budget
 from labkit.labs import package_of
 from labkit.limits import CALL_TIMEOUT, CHILD_OUTPUT_BYTES, KILL_GRACE, MAX_RECORD_DEPTH, RUN_MARKER
@@ -205,7 +205,7 @@ def start(module: Path, *, workdir: Path, marker: str, env: dict[str, str] | Non
           preload: tuple[str, ...] = (), lab: str | None = None) -> Started:
     """Spawn a child for `module` that waits for its request (`run_child` or `child_session`
     sends it): both private pipes, the student's output to files of its own."""
-    io_dir = Path(tempfile.mkdtemp(prefix="labkit-io-"))
+    io_dir = scratch.folder("labkit-io-")
     result_r, result_w = os.pipe()
     request_r, request_w = os.pipe()
     ours, theirs = (result_r, request_w), (result_w, request_r)

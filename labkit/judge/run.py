@@ -13,7 +13,6 @@ import hashlib
 import random
 import shutil
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -22,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from labkit import labs
+from labkit import labs, scratch
 from labkit.judge import expect, skeleton
 from labkit.judge.ahead import SessionsAhead
 from labkit.judge.child import ChildRun, Started, run_child, start
@@ -153,7 +152,7 @@ class StepContext:
         own (neither run can touch the other's files) and a random stream of its own (what each
         draws does not depend on which thread came first). Markers, evidence and clean-up are shared.
         `early`: its first child starts now (`start_early`); the step's end closes it if unused."""
-        workdir = Path(tempfile.mkdtemp(prefix=f"labkit-{name}-"))
+        workdir = scratch.folder(f"labkit-{name}-")
         self.folders.append(workdir)
         apart = dataclasses.replace(self, workdir=workdir, rng=random.Random(f"{self.seed}:{self.step}:{name}"),
                                     early=None, _taking=threading.Lock())
@@ -228,7 +227,7 @@ def _run_step(lab: LabSpec, spec: StepSpec, solution: Path, seed: int, timeout: 
     untouched = skeleton.skeleton_cases(spec.functions, skeletons)
     if untouched is not None:  # nothing of the student's to run: the verdict every case would give
         return StepVerdict(spec.step, spec.title, spec.points, cases=untouched, seconds=time.monotonic() - started)
-    workdir = Path(tempfile.mkdtemp(prefix="labkit-"))
+    workdir = scratch.folder("labkit-")
     ctx = StepContext(lab, solution, workdir, random.Random(f"{seed}:{spec.step}"), seed, timeout, step=spec.step,
                       shared=shared)
     verdict = StepVerdict(spec.step, spec.title, spec.points)
@@ -275,7 +274,7 @@ def _import_failure(lab: LabSpec, solution: Path, timeout: float) -> tuple[str, 
     key = _loaded_key(lab, solution)
     if key is not None and key in _LOADED:
         return None
-    workdir = Path(tempfile.mkdtemp(prefix="labkit-"))
+    workdir = scratch.folder("labkit-")
     marker = reaper.new_marker()
     try:
         run = run_child(solution, "labkit.probe:noop", {}, workdir=workdir, timeout=timeout,

@@ -57,6 +57,7 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
+from labkit import scratch
 from labkit.servers import cluster_cache
 from labkit.servers.processes import (
     SERVER_ENV,
@@ -253,38 +254,16 @@ def start(folder: Path, programs: PostgresPrograms | None = None, spares: int = 
 
 # A cluster is ~1000 files: on this machine's ext4 /tmp initdb takes 1.0-1.3 s and a fresh
 # database 0.1-0.3 s, on tmpfs 0.45 s and ~15 ms. So the data directory goes to a private folder
-# in /dev/shm when the server's folder is not on tmpfs already (a judge box's /tmp is), and there
-# is room; the sockets and the log stay in the folder (a step's folder links the socket).
-FAST_PLACE = Path("/dev/shm")
-FAST_PLACE_ROOM = 512 * 1024 * 1024
-
-
-def _filesystem_type(path: Path) -> str:
-    """The type of the file system `path` is on, by the longest mount point above it."""
-    path, best, kind = os.path.realpath(path), "", ""
-    try:
-        with open("/proc/self/mounts") as fh:
-            for line in fh:
-                fields = line.split()
-                if len(fields) < 3:
-                    continue
-                point = fields[1].replace("\\040", " ")
-                if (path == point or path.startswith(point.rstrip("/") + "/")) and len(point) >= len(best):
-                    best, kind = point, fields[2]
-    except OSError:
-        return ""
-    return kind
-
-
+# in /dev/shm (`labkit.scratch.fast_place`) when the server's folder is not on tmpfs already (a
+# judge box's /tmp is), and there is room; the sockets and the log stay in the folder (a step's
+# folder links the socket).
 def _fast_data_home(folder: Path, who: RunAs) -> Path | None:
     """A private folder in /dev/shm for the data directory, or None: keep it in `folder`."""
-    if _filesystem_type(folder) == "tmpfs" or _filesystem_type(FAST_PLACE) != "tmpfs":
+    fast = scratch.fast_place()
+    if scratch.filesystem_type(folder) == "tmpfs" or fast is None:
         return None
     try:
-        room = os.statvfs(FAST_PLACE)
-        if room.f_bavail * room.f_frsize < FAST_PLACE_ROOM or not os.access(FAST_PLACE, os.W_OK | os.X_OK):
-            return None
-        home = Path(tempfile.mkdtemp(prefix="labkit-pgdata-", dir=FAST_PLACE))
+        home = Path(tempfile.mkdtemp(prefix="labkit-pgdata-", dir=fast))
     except OSError:
         return None
     if who.uid is not None:
@@ -317,7 +296,7 @@ def _make_cluster(server: PostgresServer) -> None:
             shutil.rmtree(server.data_dir, ignore_errors=True)
             cluster_cache.forget(name)
     _initdb(server)
-    cluster_cache.keep(name, server.data_dir, lambda path: _filesystem_type(path) == "tmpfs")
+    cluster_cache.keep(name, server.data_dir, lambda path: scratch.filesystem_type(path) == "tmpfs")
 
 
 def _server_env(server: PostgresServer) -> dict:
