@@ -13,6 +13,7 @@ A student who patches the probe's request away simply leaves no sighting, and th
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -121,6 +122,10 @@ class Witness:
 
     def close(self) -> None:
         self._stop.set()
+        if self._thread is not None and self._server is not None:
+            # wake the serving loop now rather than at its next poll (up to 50 ms of every step)
+            with contextlib.suppress(OSError):
+                socket.create_connection(self._server.server_address[:2], timeout=JOIN_SECONDS).close()
         if self._thread is not None:
             self._thread.join(JOIN_SECONDS)
         if self._server is not None:
