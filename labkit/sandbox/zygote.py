@@ -3,8 +3,8 @@
 `spawn(box, ...)` gives what `Box.spawn` gives (a Popen-like `ZygotePopen`), for the same box:
 bwrap still makes every mount, the fresh /tmp, the namespaces and the cgroup of each case; only
 the interpreter that runs in it is not started and warmed again. The box's command is a shell
-that says "ready" once bwrap has set everything up, then sleeps as a uid of its own (nothing
-inside can signal it); the zygote (`zygote_main.py`, one per process and lab) forks the child
+that says "ready" once bwrap has set everything up, then stops itself, as a uid of its own
+(nothing inside can signal it); the zygote (`zygote_main.py`, one per process and lab) forks the child
 into the box's namespaces and cgroup, and the child drops to the box's uid, limits and seccomp
 filter itself before the student's module loads. Measured (benchmarks/child_cost.py): a child
 costs 13-30 ms of CPU this way, against 37-120 ms started fresh (pipeline's psycopg and valkey
@@ -201,7 +201,9 @@ def spawn(box: Box, *, stdin, stdout, stderr, pass_fds: tuple[int, ...], lab: st
     box.run_as = (HOLDER_UID, HOLDER_UID)
     ready_r, ready_w = os.pipe()
     try:
-        holder = box.spawn(["/bin/sh", "-c", "echo ready; exec /bin/sleep infinity >/dev/null"],
+        # It stops itself rather than exec a sleep (one exec less a child); a stopped process
+        # holds the namespaces as well, and the box's end kills it like any other.
+        holder = box.spawn(["/bin/sh", "-c", "echo ready; exec >/dev/null; kill -STOP $$"],
                            stdin=subprocess.DEVNULL, stdout=ready_w, stderr=stderr, start_new_session=True)
     finally:
         os.close(ready_w)
