@@ -12,7 +12,7 @@ same cases, under every seed), and it fits CI's budget (measured: ~2-3 s a file)
 LABKIT_CATALOGUE_STEPS=reached it also runs every step that builds on the promised one
 (`LabSpec.dependents`: all the code the mistake can reach; about four times as long). Runs go
 through the session cache (tests/catalogue.py) that the clause-coverage and no-blame tests
-read too; the seeds of one file run two at a time, in threads (SEED_THREADS).
+read too; the seeds of one file run three at a time, in threads (SEED_THREADS).
 """
 
 from __future__ import annotations
@@ -38,9 +38,11 @@ from labkit import limits
 from labkit.judge import coverage
 from labkit.judge.verdict import Outcome
 
-# Two seeds at a time: the runs are mostly CPU (children starting, Hypothesis), and five at once
-# on each xdist worker put a 2-core machine at load 15, where other modules' timed checks failed.
-SEED_THREADS = 2
+# Three seeds at a time: a run is about half CPU, half waiting (a child's start, a timeout, a
+# server's answer), so two at a time left each worker's core a third idle (CPU per test, measured
+# in a cgroup per worker); five at once on each xdist worker put a 2-core machine at load 15,
+# where other modules' timed checks failed.
+SEED_THREADS = 3
 LABS = labs_with_wrong_solutions()
 WRONG = every_wrong_file()
 
