@@ -3,7 +3,7 @@
 A snapshot holds: processes carrying a marker with our prefix (found as the reaper finds them,
 through /proc/*/environ), child processes of this test process (but its zygotes), zombies among them, listening
 TCP sockets of this process and its children, and the judge's `labkit-*` temp dirs in a
-private temp dir. Two snapshots must be equal.
+private temp dir. Nothing may be new in the second snapshot.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 Before and after each run we take a snapshot of what a run could leave: processes carrying
 this run's marker (found as the reaper finds them, through /proc/*/environ), child processes
 of this test process, zombies among them, listening TCP sockets of this process and its
-children, and the judge's `labkit-*` temp dirs. Both snapshots must be equal
-(`tests/leftovers.py`; the `tag` and `judge_tmp` fixtures are in `conftest.py`).
+children, and the judge's `labkit-*` temp dirs. Nothing may be in the second that was not in
+the first (`tests/leftovers.py`; the `tag` and `judge_tmp` fixtures are in `conftest.py`).
 
 Every test runs for each lab (lab 01's outbox, lab 02's vending machine).
 
@@ -15,6 +15,8 @@ private to the test: what we count is ours alone.
 from __future__ import annotations
 
 import re
+import subprocess
+import tempfile
 from pathlib import Path
 
 import psutil
@@ -113,3 +115,26 @@ def test_grandchild_that_escapes_with_setsid(judged, tmp_path, close_fds, lab, m
     escaped = [int(line) for line in pids.read_text().split()]
     assert len(escaped) >= len(verdict.steps[0].cases)  # a case may make many calls, each forks
     assert not [pid for pid in escaped if psutil.pid_exists(pid)]
+
+
+def test_a_leftover_is_caught_and_what_ended_during_the_run_is_not(nothing_left):
+    """The snapshot's own proof: a child started in the block and left running fails it; one
+    from before that ended during the block (an orphan the subreaper reaped) does not."""
+    before = subprocess.Popen(["sleep", "60"])
+    try:
+        with nothing_left():
+            Path(tempfile.mkdtemp(prefix="labkit-")).rmdir()  # the judge's part, cleaned up
+            before.kill()
+            before.wait()
+        left = []
+        try:
+            with pytest.raises(AssertionError, match="children"), nothing_left():
+                Path(tempfile.mkdtemp(prefix="labkit-")).rmdir()
+                left.append(subprocess.Popen(["sleep", "60"]))
+        finally:
+            for proc in left:
+                proc.kill()
+                proc.wait()
+    finally:
+        before.kill()
+        before.wait()
