@@ -101,18 +101,28 @@ LONG = ("test_class", "test_hostile2", "test_first_hour", "test_grading_outputs"
 
 
 def pytest_collection_modifyitems(config, items):
-    """LONG modules first, in that order; then the other modules (most tests first), spaced
-    evenly among the spread modules' single tests. Each module keeps its order.
+    """LONG modules first, in that order; then the other modules (most tests first) spaced
+    evenly among the spread modules' single tests; last, the modules that read the catalogue's
+    cached verdicts. Each module keeps its order.
 
-    Spaced, not after them: many modules mostly wait (a timeout running out, a server's answer)
-    and the catalogue's runs mostly compute, so each worker that takes one beside the others'
-    catalogue runs keeps the cores busy. One after the other, three waiting modules left the
-    cores 35 % idle for minutes (measured: CPU per test in a cgroup per worker, CI's machine)."""
+    Spaced, not after the single tests: many modules mostly wait (a timeout running out, a
+    server's answer) and the catalogue's seed runs mostly compute, so a worker on one of them
+    beside the others' seed runs keeps the cores busy. The readers last: the seed test runs
+    seed 1 too, three seeds at a time; a reader before it ran each file's seed 1 alone, half
+    waiting, and three readers side by side left the cores a third idle for minutes (measured:
+    CPU per test in a cgroup per worker, on CI's machine)."""
+    import catalogue
+
+    def reads_the_catalogue(item) -> bool:
+        return any(getattr(item.module, name, None) is getattr(catalogue, name) for name in ("step_verdicts", "verdict"))
+
     counts: dict[str, int] = {}
     for item in items:
         counts[item.path.stem] = counts.get(item.path.stem, 0) + 1
+    readers = {item.path for item in items if item.path.stem not in LONG and reads_the_catalogue(item)}
     singles = [item for item in items if item.path.stem in SPREAD]
-    modules = sorted({item.path for item in items if item.path.stem not in LONG and item.path.stem not in SPREAD},
+    modules = sorted({item.path for item in items
+                      if item.path.stem not in LONG and item.path.stem not in SPREAD and item.path not in readers},
                      key=lambda path: (-counts[path.stem], str(path)))
     stride = len(singles) / max(1, len(modules))
     place = {path: (i + 0.5) * stride for i, path in enumerate(modules)}
@@ -121,8 +131,10 @@ def pytest_collection_modifyitems(config, items):
     def rank(item) -> tuple:
         stem = item.path.stem
         if stem in LONG:
-            return (0, LONG.index(stem))
-        return (1, single_place[id(item)] if stem in SPREAD else place[item.path])
+            return (0, LONG.index(stem), "")
+        if item.path in readers:
+            return (2, -counts[stem], str(item.path))
+        return (1, single_place[id(item)] if stem in SPREAD else place[item.path], "")
 
     items.sort(key=rank)
 
