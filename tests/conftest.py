@@ -84,11 +84,13 @@ def nothing_left(tag, judge_tmp):
 
 # Parallel runs (pytest-xdist, `--dist loadscope` in pyproject): a module's tests stay on one
 # worker, so its module-scoped fixtures (a JupyterLab server, a graded batch) are built once.
-# Only modules of many independent, fixture-free cases are spread over every worker. (Not
+# Only modules of many independent cases, with no fixture dearer than loading a lab, are spread
+# over every worker: the catalogue's tests, whose runs are the suite's biggest share. (Not
 # `--dist loadgroup` with xdist_group marks: pytest 9 keeps a node's id in `_id`, and xdist 3.8
 # still renames `_nodeid`, so the groups were silently split, and a 200 s graded batch was
 # built once per worker. xdist's own hook for the scheduler is the documented way.)
-SPREAD = {"test_catalogue_seeds", "test_case_inputs", "test_no_course_blame"}
+SPREAD = {"test_catalogue_seeds", "test_case_inputs", "test_no_course_blame", "test_outbox_checks",
+          "test_relay_checks", "test_vending_checks"}
 
 
 # Modules that build a graded batch, nbgrader's folders, a release or a browser session: each
@@ -119,8 +121,14 @@ def pytest_collection_modifyitems(config, items):
     counts: dict[str, int] = {}
     for item in items:
         counts[item.path.stem] = counts.get(item.path.stem, 0) + 1
-    readers = {item.path for item in items if item.path.stem not in LONG and reads_the_catalogue(item)}
-    singles = [item for item in items if item.path.stem in SPREAD]
+    readers = {item.path for item in items
+               if item.path.stem not in LONG and item.path.stem not in SPREAD and reads_the_catalogue(item)}
+    # each spread module's tests evenly over the whole stretch, not one module after another
+    rank_in_module: dict[int, float] = {}
+    for stem in {item.path.stem for item in items if item.path.stem in SPREAD}:
+        own = [item for item in items if item.path.stem == stem]
+        rank_in_module.update({id(item): i / len(own) for i, item in enumerate(own)})
+    singles = sorted((item for item in items if item.path.stem in SPREAD), key=lambda item: rank_in_module[id(item)])
     modules = sorted({item.path for item in items
                       if item.path.stem not in LONG and item.path.stem not in SPREAD and item.path not in readers},
                      key=lambda path: (-counts[path.stem], str(path)))
