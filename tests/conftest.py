@@ -123,13 +123,11 @@ def pytest_collection_modifyitems(config, items):
         counts[item.path.stem] = counts.get(item.path.stem, 0) + 1
     readers = {item.path for item in items
                if item.path.stem not in LONG and item.path.stem not in SPREAD and reads_the_catalogue(item)}
-    # Each spread module's tests evenly over the whole stretch, not one module after another,
-    # and last test first: a module's own tests of hostile code, after its catalogue, mostly
-    # wait for a timeout, and at the end of the run (ci10) they left the cores idle.
+    # each spread module's tests evenly over the whole stretch, not one module after another
     rank_in_module: dict[int, float] = {}
     for stem in {item.path.stem for item in items if item.path.stem in SPREAD}:
         own = [item for item in items if item.path.stem == stem]
-        rank_in_module.update({id(item): 1 - (i + 1) / len(own) for i, item in enumerate(own)})
+        rank_in_module.update({id(item): i / len(own) for i, item in enumerate(own)})
     singles = sorted((item for item in items if item.path.stem in SPREAD), key=lambda item: rank_in_module[id(item)])
     modules = sorted({item.path for item in items
                       if item.path.stem not in LONG and item.path.stem not in SPREAD and item.path not in readers},
