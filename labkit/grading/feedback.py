@@ -15,7 +15,6 @@ a `#fragment`, an inline style nothing that could fetch (`url(…)`, `image-set(
 
 from __future__ import annotations
 
-import copy
 from html import escape
 from typing import TYPE_CHECKING
 
@@ -170,22 +169,6 @@ def mark_death(nb: NotebookNode, index: int | None, message: str) -> None:
         nbformat.v4.new_output("stream", name="stderr", text=f"\n[grader] {message}\n"))
 
 
-_exporter = None
-
-
-def notebook_html(nb: NotebookNode) -> str:
-    """The notebook as an HTML fragment (nbconvert's basic template); the exporter is reused."""
-    global _exporter
-    if _exporter is None:
-        from nbconvert import HTMLExporter
-
-        _exporter = HTMLExporter(template_name="basic")
-    nb = copy.deepcopy(nb)
-    nb.metadata.pop("widgets", None)
-    body, _ = _exporter.from_notebook_node(nb)
-    return body
-
-
 def _flag_line(flag: str) -> str:
     kind, _, what = flag.partition(":")
     words = FLAG_WORDS.get(kind)
@@ -224,6 +207,8 @@ def page(row: dict, verdict: LabVerdict | None, nb: NotebookNode | None, notes: 
     if verdict is not None:
         parts.append(clean(render_html.render_lab(verdict)))
     if nb is not None:
+        from labkit.grading.notebook_html import notebook_html
+
         parts += ['<div class="lk-notebook"><h2>Your notebook, as the grader ran it</h2>',
                   clean(notebook_html(nb)), "</div>"]
     parts.append("</body></html>")

@@ -16,11 +16,12 @@ import nbconvert.preprocessors.sanitize  # noqa: E402, F401
 import nbformat  # noqa: E402
 
 from labkit import labs  # noqa: E402
-from labkit.grading import feedback, worker  # noqa: E402, F401  (nbclient, jupyter_client)
+from labkit.grading import worker  # noqa: E402, F401  (nbclient, jupyter_client)
+from labkit.grading.notebook_html import notebook_html  # noqa: E402
 from labkit.judge import differential  # noqa: E402
 from labkit.sandbox import profiles  # noqa: E402
 
-feedback.notebook_html(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("1")]))
+notebook_html(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("1")]))
 for _lab in labs.available():
     labs.load(_lab)
 differential.warm_unicode_tables()
