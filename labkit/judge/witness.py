@@ -22,9 +22,10 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, HTTPServer
 
 MAX_REQUEST = 256 * 1024  # a sighting's request body (an encoded event, at most)
+MAX_HEAD_LINE = 8192
+MAX_HEADERS = 32
 HANDLER_TIMEOUT = 5.0  # a child that stalls mid-request cannot hold a handler thread
 JOIN_SECONDS = 1.0
 
@@ -51,22 +52,18 @@ class Witness:
     _sightings: list[Sighting] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _stop: threading.Event = field(default_factory=threading.Event)
-    _server: HTTPServer | None = None
+    _server: socketserver.TCPServer | None = None
     _thread: threading.Thread | None = None
 
     def start(self) -> Witness:
         witness = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(socketserver.StreamRequestHandler):
             timeout = HANDLER_TIMEOUT
 
-            def log_message(self, *args):
-                pass
-
-            def do_POST(self):
+            def handle(self):
                 try:
-                    length = int(self.headers.get("Content-Length") or 0)
-                    said = json.loads(self.rfile.read(min(max(length, 0), MAX_REQUEST)) or b"{}")
+                    said = _read_post(self.rfile)
                     case, point = str(said.get("case", "")), str(said.get("point", ""))
                 except (ValueError, OSError):
                     self._answer(400, {"error": "bad sighting"})
@@ -82,28 +79,22 @@ class Witness:
 
             def _answer(self, status: int, payload: dict) -> None:
                 body = json.dumps(payload).encode()
+                head = (f"HTTP/1.0 {status} {'OK' if status == 200 else 'Bad Request'}\r\n"
+                        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n")
                 try:
-                    self.send_response(status)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(body)))
-                    self.end_headers()
-                    self.wfile.write(body)
+                    self.wfile.write(head.encode() + body)
                 except OSError:
                     pass
 
-        class Server(socketserver.ThreadingMixIn, HTTPServer):
+        class Server(socketserver.ThreadingTCPServer):
             daemon_threads = True
-
-            def server_bind(self):  # no getfqdn() lookup
-                socketserver.TCPServer.server_bind(self)
-                self.server_name, self.server_port = self.server_address[:2]
 
             def handle_error(self, request, client_address):
                 pass
 
         self._server = Server(("127.0.0.1", 0), Handler)
         self._server.timeout = 0.05
-        self.url = f"http://127.0.0.1:{self._server.server_port}/see"
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}/see"
         self._thread = threading.Thread(target=self._serve, name="judge-witness", daemon=True)
         self._thread.start()
         return self
@@ -136,6 +127,35 @@ class Witness:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _read_post(rfile) -> dict:
+    """A sighting's request: one HTTP POST (as `labkit.probe.see` sends it) read with a bounded
+    line and header count; its JSON body, which must be an object. http.server's parser (the
+    email package, a Date header per answer) was a tenth of a judge's time in the catalogue."""
+    if not _line(rfile).startswith(b"POST "):
+        raise ValueError("not a POST")
+    length = 0
+    for _ in range(MAX_HEADERS):
+        line = _line(rfile)
+        if line in (b"\r\n", b"\n", b""):
+            break
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value.strip())
+    else:
+        raise ValueError("too many headers")
+    said = json.loads(rfile.read(min(max(length, 0), MAX_REQUEST)) or b"{}")
+    if not isinstance(said, dict):
+        raise ValueError("not a JSON object")
+    return said
+
+
+def _line(rfile) -> bytes:
+    line = rfile.readline(MAX_HEAD_LINE)
+    if len(line) == MAX_HEAD_LINE and not line.endswith(b"\n"):
+        raise ValueError("a line too long")
+    return line
 
 
 def asker_holds(path) -> int | None:
