@@ -496,7 +496,10 @@ def test_close_leaves_no_thread_and_refuses_new_connections():
     # the feed's own threads: another test's server in this worker may still be ending one of its own
     assert [t for t in set(threading.enumerate()) - before if t.name.startswith("labkit-feed")] == []
     for c in (stalled, mute, mid):
-        assert c.readline() == b""
+        try:
+            assert c.readline() == b""
+        except ConnectionResetError:  # its request still unread when the feed closed (a loaded
+            assert c is stalled  # machine): Linux then ends the connection with a reset, not a FIN
         c.close()
     assert open_fds() <= fds  # listener and every accepted socket are closed
     with pytest.raises(ConnectionRefusedError):

@@ -54,7 +54,7 @@ def _raw(url: str, data: bytes) -> bytes:
             conn.shutdown(socket.SHUT_WR)
             while chunk := conn.recv(65536):
                 reply += chunk
-        except (ConnectionResetError, BrokenPipeError):  # refused before all of it was read: a reset
+        except OSError:  # refused before all of it was read: a reset (or, after it, "not connected")
             return reply or b"reset"
     return reply
 
