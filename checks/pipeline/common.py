@@ -17,10 +17,16 @@ BARRIER = (31337, 4242)  # probes.BARRIER
 # PL/pgSQL (declare `polls int := 0`): wait, at most 2 s, until another session of this database
 # waits on a lock. A race's trigger holds its first writer's transaction open with it, so the other
 # racers meet that transaction whatever the machine's load; it ends as soon as they do.
-UNTIL_ANOTHER_WAITS = """LOOP
+# "Waits" is read from the lock table (pg_locks: a lock not granted), never from pg_stat_activity's
+# wait_event: a racer let through the barrier keeps showing its advisory wait there until its own
+# backend next runs, and on a loaded machine that ended the hold before the others had even read
+# (ci17: accept_select_then_insert passed step 2 under one seed). The barrier's own key never counts.
+UNTIL_ANOTHER_WAITS = f"""LOOP
       PERFORM pg_stat_clear_snapshot();  -- pg_stat_activity is otherwise read once per transaction
-      EXIT WHEN polls >= 200 OR EXISTS (SELECT 1 FROM pg_stat_activity WHERE datname = current_database()
-                                        AND pid <> pg_backend_pid() AND wait_event_type = 'Lock');
+      EXIT WHEN polls >= 200 OR EXISTS (
+        SELECT 1 FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+        WHERE NOT l.granted AND l.pid <> pg_backend_pid() AND a.datname = current_database()
+          AND NOT (l.locktype = 'advisory' AND l.classid = {BARRIER[0]} AND l.objid = {BARRIER[1]}));
       PERFORM pg_sleep(0.01);
       polls := polls + 1;
     END LOOP;"""
