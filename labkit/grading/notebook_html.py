@@ -2,9 +2,9 @@
 with what every submission of a lab shares rendered once.
 
 A class's notebooks carry the same lesson prose and mostly the same code, so a cell's
-markdown, highlighted code and cleaned code are cached by their source. The batch's
-forkserver renders each lab's released notebook once (`warm`); every worker it forks starts
-with those in memory, and pays only for the cells the student changed.
+markdown, highlighted code and cleaned code are cached by their source: a page pays once for
+each distinct cell. (The caches live in each grading worker; the forkserver warms only the
+template, since rendering every lab's release up front cost more than small batches save.)
 
 nbconvert's own `HTMLExporter` then parses its whole output again with BeautifulSoup, to add
 `tabindex` (which the page's sanitizer removes) and an `alt` text to pictures that have none:
@@ -47,11 +47,11 @@ class _CachedHighlight:
 
     def __call__(self, source: str, language: str | None = None, metadata=None) -> str:
         magics = metadata.get("magics_language") if metadata else None
-        return _highlighted(self.highlight, self.highlight.pygments_lexer, source, language, magics)
+        return _highlighted(self.highlight, source, language, magics)
 
 
 @functools.lru_cache(maxsize=CACHED)
-def _highlighted(highlight, lexer: str, source: str, language: str | None, magics: str | None) -> str:
+def _highlighted(highlight: Highlight2HTML, source: str, language: str | None, magics: str | None) -> str:
     return highlight(source, language, {"magics_language": magics} if magics else None)
 
 
@@ -84,16 +84,11 @@ def _highlighter(exporter: FeedbackExporter, lexer: str | None) -> _CachedHighli
     return _CachedHighlight(Highlight2HTML(pygments_lexer=lexer, parent=exporter))
 
 
+@functools.lru_cache(maxsize=CACHED)
 def _markdown(exporter: FeedbackExporter, source: str) -> str:
-    found = _markdowns.get(source)
-    if found is None:
-        found = HTMLExporter.markdown2html(exporter, {}, source)
-        if len(_markdowns) < CACHED:
-            _markdowns[source] = found
-    return found
+    return HTMLExporter.markdown2html(exporter, {}, source)
 
 
-_markdowns: dict[str, str] = {}
 _exporter: FeedbackExporter | None = None
 
 
