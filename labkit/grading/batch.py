@@ -38,6 +38,7 @@ from labkit.grading.settings import (
     FEEDBACK,
     JOB_MARKER,
     TIMEOUT,
+    WARM_LABS_ENV,
     WORK,
     Limits,
     release_dir,
@@ -182,6 +183,16 @@ def _context():
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(["labkit.grading.warm"])
     return ctx
+
+
+def _start_forkserver(labs_graded: list[str]) -> None:
+    from multiprocessing import forkserver
+
+    os.environ[WARM_LABS_ENV] = ",".join(labs_graded)  # read by `warm` in the forkserver
+    try:
+        forkserver.ensure_running()
+    finally:
+        os.environ.pop(WARM_LABS_ENV, None)
 
 
 def _stop_forkserver() -> None:
@@ -362,14 +373,12 @@ def _run_locked(found, skipped, batch: Batch, seed: int | None) -> int:
             print(f"removed {len(swept)} empty control group(s) left by an earlier grader that was killed", flush=True)
     known = submissions.releases(release_dir())
     lab_names = labs.available()
-    ctx = _context() if found else None
-    if ctx is not None:  # the workers' imports load while the notebooks are read
-        from multiprocessing import forkserver
-
-        forkserver.ensure_running()
     for sub in found:
         examine_contained(sub, known, lab_names)
     chosen = submissions.one_per_lab(found, known)
+    ctx = _context() if found else None
+    if ctx is not None:  # once the labs are known: the forkserver renders their releases
+        _start_forkserver(sorted({sub.lab for sub in chosen if sub.lab}))
     batch.seed = batch_seed(out, seed)
     all_jobs = [make_job(sub, batch, known) for sub in chosen]
     manifest.write(out, class_manifest(batch, all_jobs, skipped, known))

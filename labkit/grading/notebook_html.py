@@ -3,8 +3,8 @@ with what every submission of a lab shares rendered once.
 
 A class's notebooks carry the same lesson prose and mostly the same code, so a cell's
 markdown, highlighted code and cleaned code are cached by their source: a page pays once for
-each distinct cell. (The caches live in each grading worker; the forkserver warms only the
-template, since rendering every lab's release up front cost more than small batches save.)
+each distinct cell. (The caches live in each grading worker; the forkserver fills them with
+the released notebook of each lab the batch grades, `warm.py`, and every worker inherits them.)
 
 nbconvert's own `HTMLExporter` then parses its whole output again with BeautifulSoup, to add
 `tabindex` (which the page's sanitizer removes) and an `alt` text to pictures that have none:

@@ -56,6 +56,10 @@ class Limits:
         return asdict(self)
 
 
+# The labs whose released notebooks the batch's forkserver renders once (`warm.py`).
+WARM_LABS_ENV = "LABKIT_WARM_LABS"
+
+
 def release_dir() -> Path:
     """Where the released notebooks are (`notebooks/NN-lab.ipynb`); tests may point elsewhere."""
     return Path(os.environ.get("LABKIT_RELEASE_DIR") or ROOT / "notebooks")
