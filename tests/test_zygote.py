@@ -179,3 +179,26 @@ def test_zygote_off_starts_every_child_fresh(tmp_path, monkeypatch, fresh_zygote
     monkeypatch.setenv(zygote.ENV, "off")
     _, _, proc = looks(tmp_path, "off")
     assert isinstance(proc, box_module.BoxedPopen) and zygote.pids() == set()
+
+
+def test_a_child_forked_from_a_batchs_template_sees_what_a_fresh_one_does(tmp_path, monkeypatch, fresh_zygotes):
+    """A grading batch forks its judges' children from one template per lab (`use_templates`)."""
+    template = zygote.start_template("child", zygote.child_env("checks.outbox", child.site_packages()))
+    assert template is not None
+    zygote.use_templates({"checks.outbox": template.path})
+    try:
+        forked, _, proc = looks(tmp_path, "templated")
+        assert isinstance(proc, zygote.ZygotePopen)
+        assert zygote.pids() == set(), "a zygote of its own was started beside the template"
+        zygote.use_templates({})
+        monkeypatch.setenv(zygote.ENV, "off")
+        fresh, _, _ = looks(tmp_path, "fresh")  # (with the template's socket still open: the same fd numbers)
+    finally:
+        zygote.use_templates({})
+        template.stop()
+    for key in ("ids", "status", "limits", "fds", "course", "argv"):
+        assert forked[key] == fresh[key], key
+    assert set(forked["signals"].values()) == {"EPERM"}
+    ignored = (RUN_MARKER, "PWD")
+    assert {k: v for k, v in forked["env"].items() if k not in ignored} == \
+        {k: v for k, v in fresh["env"].items() if k not in ignored}

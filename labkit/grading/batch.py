@@ -66,6 +66,8 @@ class Batch:
     sandboxed: bool = True  # False only with --no-sandbox
     sandbox_label: str = ""  # what the gradebook says about it
     shard: Shard = WHOLE
+    # The sockets of the batch's templates: "judges", "kernels", and "child:<lab package>".
+    templates: dict[str, str] = field(default_factory=dict)
 
 
 def _lock(out: Path):
@@ -185,6 +187,20 @@ def _context():
     return ctx
 
 
+def _start_templates(labs_graded: list[str]) -> dict:
+    """The templates each submission's judge, kernel and the judge's children are forked from,
+    where they can run: a child's by its lab's package (and one for children of no lab)."""
+    from labkit.grading import judge_box, kernel_box
+    from labkit.judge.child import site_packages
+    from labkit.sandbox import zygote
+
+    started = {"judges": judge_box.start_template(), "kernels": kernel_box.start_template()}
+    for package in ["", *(labs.manifest(lab).package for lab in labs_graded)]:
+        env = zygote.child_env(package or None, site_packages())
+        started[f"child:{package}"] = zygote.start_template("child", env)
+    return {role: template for role, template in started.items() if template is not None}
+
+
 def _start_forkserver(labs_graded: list[str]) -> None:
     from multiprocessing import forkserver
 
@@ -219,7 +235,7 @@ def start_worker(ctx, job: dict, batch: Batch, slot: int, number: int = 0) -> Ru
     # Each submission's code (its judge, children and kernel) runs as a uid of its own, never
     # reused within the batch: `number` counts the jobs started (`None`: no sandbox).
     uid = sandbox.uid() + 1 + number if batch.sandboxed else None
-    job = {**job, "marker": reaper.new_marker(), "uid": uid, "slot": slot}
+    job = {**job, "marker": reaper.new_marker(), "uid": uid, "slot": slot, "templates": batch.templates}
     gradebook.write_atomic(_running_file(out, key), json.dumps({"marker": job["marker"], "key": key}))
     log = gradebook.results_dir(out) / f"{key}.log"
     proc = ctx.Process(target=_worker_entry, args=(job, str(log)), name=f"grade-{key}")
@@ -393,6 +409,9 @@ def _run_locked(found, skipped, batch: Batch, seed: int | None) -> int:
                + (f"; {done} already graded (--force regrades)" if done else "")
                + (f"; {len(skipped)} path(s) skipped (listed in the gradebook)" if skipped else "")), flush=True)
     progress = Progress(len(todo))
+    graded = sorted({job["lab"] for job in todo if gradable(job)})
+    templates = _start_templates(graded) if batch.sandboxed and graded else {}
+    batch.templates = {role: template.path for role, template in templates.items()}
     queue, active = list(todo), []
     free = list(range(batch.jobs))  # slots: how many run at once
     launched = 0  # each started job's uid is its own (`start_worker`)
@@ -421,6 +440,8 @@ def _run_locked(found, skipped, batch: Batch, seed: int | None) -> int:
         raise
     finally:
         progress.close()
+        for template in templates.values():
+            template.stop()
         if ctx is not None:
             _stop_forkserver()
     try:

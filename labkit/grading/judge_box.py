@@ -29,7 +29,7 @@ from pathlib import Path
 from labkit import limits, sandbox
 from labkit.judge import differential
 from labkit.judge.verdict import LabVerdict, from_json
-from labkit.sandbox import launcher, profiles
+from labkit.sandbox import launcher, profiles, zygote
 
 JUDGE_TMP = "/tmp"
 # The grader's variables a judge may see: the course's own settings that the judge reads.
@@ -61,12 +61,26 @@ def _env(uid: int | None, marker_env: dict[str, str]) -> dict[str, str]:
     return env
 
 
+def start_template() -> zygote.Template | None:
+    """The batch's template of the judge, started with a judge's environment (its own uid and
+    markers come with each judge); None where judges cannot be forked (they start fresh)."""
+    env = _env(0, {})
+    tables = differential.unicode_tables()
+    if tables is not None:
+        env[differential.STORAGE_ENV] = str(tables)
+    return zygote.start_template("judge", env)
+
+
 @contextmanager
-def judge_session(uid: int, module: Path, env: dict[str, str], tables: Path | None = None):
+def judge_session(uid: int, module: Path, env: dict[str, str], tables: Path | None = None,
+                  judges: str | None = None):
     """A judge's box for `uid` and its launcher (this process keeps the only privilege).
 
     Yields `(box, spawn)`: `spawn(argv, **popen)` starts `argv` in the box as the judge and
     attaches the launcher to it (one judge per session); close the box with `box.close(proc)`.
+    With `judges` (the batch's template: `zygote.start_template`), a `python -m labkit ...` argv
+    is forked from it into the same box instead; when the template cannot serve it, the box is
+    closed and `spawn` raises `zygote.ZygoteGone` (nothing ran: start again without it).
     The launcher is closed on leaving: every child it started is killed and cleaned up."""
     env = dict(env)
     os.chmod(module, 0o644)  # the grader's copy, which the judge and its children read
@@ -77,9 +91,30 @@ def judge_session(uid: int, module: Path, env: dict[str, str], tables: Path | No
     box.before_close = launch.close  # its children first: they live in the judge's namespaces
 
     def spawn(argv: list[str], **popen) -> subprocess.Popen:
+        if judges is not None and argv[1:4] == ["-P", "-m", "labkit"]:
+            return _forked(argv[4:], **popen)
         proc = box.spawn(argv, cwd=JUDGE_TMP, env=env, start_new_session=True,
                          pass_fds=(launch.judge_end.fileno(),), **popen)
-        judge_pid = box.wait_child_pid(launcher.START_TIMEOUT)
+        _attach(proc, box.wait_child_pid(launcher.START_TIMEOUT))
+        return proc
+
+    def _forked(args: list[str], *, stdin, stdout, stderr) -> subprocess.Popen:
+        out_r, out_w = os.pipe() if stdout == subprocess.PIPE else (None, stdout)
+        try:
+            proc = zygote.spawn_from(judges, box, zygote.JUDGE_MAIN, args, stdin=stdin, stdout=out_w,
+                                     stderr=stderr, pass_fds=(launch.judge_end.fileno(),))
+        finally:
+            if out_r is not None:
+                os.close(out_w)
+        if proc is None:  # the box is closed: nothing of the judge's ran in it
+            if out_r is not None:
+                os.close(out_r)
+            raise zygote.ZygoteGone("the judges' template could not start this judge")
+        proc.stdout = os.fdopen(out_r, "rb") if out_r is not None else None
+        _attach(proc, proc.box_pid)
+        return proc
+
+    def _attach(proc, judge_pid: int | None) -> None:
         try:
             if judge_pid is None:  # bwrap failed: its exit status and stderr say why
                 raise ProcessLookupError("bubblewrap reported no process")
@@ -87,7 +122,6 @@ def judge_session(uid: int, module: Path, env: dict[str, str], tables: Path | No
         except OSError:  # its first process already gone: no judge, so no student code, ran
             launch.judge_end.close()
             proc.never_attached = True
-        return proc
 
     try:
         yield box, spawn
@@ -96,21 +130,22 @@ def judge_session(uid: int, module: Path, env: dict[str, str], tables: Path | No
 
 
 def run(lab: str, module: Path, seed: int, *, uid: int | None, timeout: float,
-        marker_env: dict[str, str] | None = None) -> JudgeRun:
+        marker_env: dict[str, str] | None = None, judges: str | None = None) -> JudgeRun:
     """The judge's verdict on `module`; `uid` None runs it (and its children) unsandboxed.
 
     Sandboxed, the judge runs as `uid` with no capabilities, and this process keeps the only
-    privilege: a `launcher` thread that makes its children's sandboxes on request.
+    privilege: a `launcher` thread that makes its children's sandboxes on request. `judges`:
+    the batch's template of the judge (`zygote.start_template`), which the judge is forked from.
     """
     started = time.monotonic()
-    run = _run_once(lab, module, seed, uid=uid, timeout=timeout, marker_env=marker_env)
-    if run.retry:  # the box ended before its judge began (bwrap's own failure): once more
+    run = _run_once(lab, module, seed, uid=uid, timeout=timeout, marker_env=marker_env, judges=judges)
+    if run.retry:  # the box ended before its judge began (bwrap's own failure): once more, fresh
         run = _run_once(lab, module, seed, uid=uid, timeout=timeout, marker_env=marker_env)
     return dataclasses.replace(run, seconds=time.monotonic() - started)
 
 
 def _run_once(lab: str, module: Path, seed: int, *, uid: int | None, timeout: float,
-              marker_env: dict[str, str] | None) -> JudgeRun:
+              marker_env: dict[str, str] | None, judges: str | None = None) -> JudgeRun:
     started = time.monotonic()
     env = _env(uid, marker_env or {})
     argv = [sys.executable, "-P", "-m", "labkit", "check", lab, "--solution", str(module),
@@ -125,11 +160,14 @@ def _run_once(lab: str, module: Path, seed: int, *, uid: int | None, timeout: fl
             tables = differential.unicode_tables()
             if tables is not None:  # read-only: Hypothesis' failed writes there are silent
                 env[differential.STORAGE_ENV] = str(tables)
-            box, spawn = stack.enter_context(judge_session(uid, module, env, tables))
+            box, spawn = stack.enter_context(judge_session(uid, module, env, tables, judges))
         proc = None
         err = stack.enter_context(tempfile.TemporaryFile())
         try:
-            proc = spawn(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err)
+            try:
+                proc = spawn(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err)
+            except zygote.ZygoteGone as exc:
+                return JudgeRun(None, str(exc), time.monotonic() - started, _label(box), retry=True)
             try:
                 out = _read_capped(proc, timeout)
             except subprocess.TimeoutExpired:

@@ -20,6 +20,7 @@ passed on).
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import signal
@@ -34,7 +35,7 @@ from jupyter_client.asynchronous import AsyncKernelClient
 from labkit import sandbox
 from labkit.grading.settings import Limits
 from labkit.limits import RUN_MARKER
-from labkit.sandbox import bwrap, profiles
+from labkit.sandbox import bwrap, profiles, zygote
 
 
 class NoHeartbeatClient(AsyncKernelClient):
@@ -54,6 +55,8 @@ class NoHeartbeatClient(AsyncKernelClient):
 
 # The kernel's home and working folder inside its sandbox (a private tmpfs).
 HOME = "/home/student"
+# `python -m ipykernel_launcher`'s sys.argv[0], for a kernel forked from the template.
+LAUNCHER = getattr(importlib.util.find_spec("ipykernel_launcher"), "origin", None) or "ipykernel_launcher"
 # What is kept of the kernel's (and bwrap's) stderr: its end, in memory, never on disk.
 STDERR_TAIL = 8192
 
@@ -85,6 +88,14 @@ class Drain:
         return bytes(self.tail).decode("utf-8", "replace")
 
 
+def start_template() -> zygote.Template | None:
+    """The batch's template of the grading kernel, with a kernel's environment (its marker comes
+    with each kernel); None where kernels cannot be forked (they start fresh)."""
+    env = kernel_env(HOME, "")
+    del env[RUN_MARKER]
+    return zygote.start_template("kernel", {**profiles.base_env(HOME), "PYTHONPATH": str(profiles.ROOT), **env})
+
+
 def kernel_env(home: str, marker: str) -> dict[str, str]:
     """Every default write location inside the kernel's home; the marker that finds it."""
     return {
@@ -100,11 +111,13 @@ class KernelBox:
     """One submission's kernels (a fresh one per start attempt) and their sandboxes."""
 
     def __init__(self, sockets: Path, lab: str, limits: Limits, marker: str, uid: int | None,
-                 shown: dict[Path, str] | None = None):
+                 shown: dict[Path, str] | None = None, template: str | None = None):
         """`sockets`: the kernel's own folder (settings.socket_folder); `shown`: host files shown
-        read-only in its home. The kernel reads the labs' manifests, never their checks."""
+        read-only in its home; `template`: the batch's template of the kernel (`start_template`),
+        which a sandboxed kernel is forked from. The kernel reads the labs' manifests, never
+        their checks."""
         self.sockets, self.lab, self.limits, self.marker = sockets, lab, limits, marker
-        self.uid, self.shown = uid, dict(shown or {})
+        self.uid, self.shown, self.template = uid, dict(shown or {}), template
         self.boxes: list = []
         self.drains: list[Drain] = []
         sockets.mkdir(parents=True, exist_ok=True)
@@ -134,6 +147,14 @@ class KernelBox:
             box = sandbox.Box.open(policy, sandbox.support().cgroups)
         self.boxes.append(box)
         return box
+
+    def fork(self, box, cmd: list[str], drain: Drain):
+        """The kernel `cmd` (`python -m ipykernel_launcher ARGS`) forked from the template into
+        `box`: a Popen-like, or None (the box is then closed)."""
+        if cmd[1:3] != ["-m", "ipykernel_launcher"]:
+            return None
+        return zygote.spawn_from(self.template, box, LAUNCHER, cmd[3:], stdin=subprocess.DEVNULL,
+                                 stdout=subprocess.DEVNULL, stderr=drain.write_fd, pass_fds=())
 
     def wrap(self, box, cmd: list[str]) -> list[str]:
         if box.active:
@@ -201,9 +222,9 @@ class KernelBox:
             async def _async_pre_start_kernel(self, **kw):
                 cmd, kw = await super()._async_pre_start_kernel(**kw)
                 box = owner.open()  # after the connection file exists: it is handed over too
-                self._labkit_box = box
+                self._labkit_box, self._labkit_cmd, self._labkit_fds = box, cmd, kw.get("pass_fds", ())
                 wrapped = owner.wrap(box, cmd)
-                kw["pass_fds"] = (*kw.get("pass_fds", ()), *box.pass_fds)
+                kw["pass_fds"] = (*self._labkit_fds, *box.pass_fds)
                 kw["env"] = owner.env()
                 kw["cwd"] = str(owner.sockets) if box.active else owner.home()
                 # Never the worker's stdio (its log, in --out) nor any other descriptor of ours.
@@ -215,10 +236,27 @@ class KernelBox:
 
             async def _async_launch_kernel(self, kernel_cmd, **kw):
                 try:
+                    if owner.template is not None and self._labkit_box.active:
+                        proc = owner.fork(self._labkit_box, self._labkit_cmd, self._labkit_drain)
+                        if proc is not None:
+                            self._labkit_forked(proc, kw)
+                            return None
+                        # the template could not: its box is closed, the kernel starts fresh in another
+                        box = self._labkit_box = owner.open()
+                        kernel_cmd = owner.wrap(box, self._labkit_cmd)
+                        kw["pass_fds"] = (*self._labkit_fds, *box.pass_fds)
                     return await super()._async_launch_kernel(kernel_cmd, **kw)
                 finally:
                     self._labkit_box.started()
                     self._labkit_drain.started()
+
+            def _labkit_forked(self, proc, kw) -> None:
+                """What the provisioner's own launch sets, for a kernel forked by the template: no
+                process group to signal (the intermediate's is the template's), its box instead."""
+                provisioner = self.provisioner
+                provisioner.process, provisioner.pid, provisioner.pgid = proc, proc.pid, None
+                provisioner.cwd = kw.get("cwd")
+                self._reconcile_connection_info(provisioner.connection_info)
 
             async def _async_interrupt_kernel(self):
                 if not owner.interrupt():

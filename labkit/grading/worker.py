@@ -43,7 +43,7 @@ from labkit.grading.submissions import NotANotebook, read_capped, read_notebook,
 from labkit.judge.verdict import LabVerdict
 from labkit.limits import RUN_MARKER
 from labkit.notebook.module_export import assemble, parts_from_notebook
-from labkit.sandbox import reaper
+from labkit.sandbox import reaper, zygote
 
 PR_SET_PDEATHSIG = 1
 
@@ -53,7 +53,7 @@ def _run_judge(job: dict, module: Path, box: dict, limits: Limits) -> None:
     try:
         run = judge_box.run(job["lab"], module, job["seed"], uid=job.get("uid"),
                             timeout=limits.notebook_timeout + limits.worker_grace / 2,
-                            marker_env={JOB_MARKER: job["marker"]})
+                            marker_env={JOB_MARKER: job["marker"]}, judges=_templates(job).get("judges"))
         box["seconds"], box["sandbox"] = run.seconds, run.sandbox
         if run.verdict is None:
             box["error"] = run.error
@@ -64,6 +64,11 @@ def _run_judge(job: dict, module: Path, box: dict, limits: Limits) -> None:
     except BaseException as exc:  # a bug in the grader must not lose the notebook's run
         box["error"] = f"{type(exc).__name__}: {exc}"
         box["trace"] = traceback.format_exc()
+
+
+def _templates(job: dict) -> dict[str, str]:
+    """The batch's templates (`batch._start_templates`) this worker forks from."""
+    return job.get("templates") or {}
 
 
 def _shown_quiz(job: dict, raw: dict | None, work: Path) -> dict[Path, str]:
@@ -121,7 +126,8 @@ def grade(job: dict) -> dict:
         skip = {c.get("id") for c in restored.nb.cells
                 if check_step(c) is not None and c.get("id") in restored.released_ids}
         executed = prepare(restored.nb, skip)
-        kernel = KernelBox(sockets, job["lab"], limits, marker, job.get("uid"), _shown_quiz(job, raw_quiz, work))
+        kernel = KernelBox(sockets, job["lab"], limits, marker, job.get("uid"), _shown_quiz(job, raw_quiz, work),
+                           template=_templates(job).get("kernels"))
         execution = execute(executed, kernel, limits)
         kernel.close()
         executed_at = time.monotonic()
@@ -191,6 +197,8 @@ def entry(job: dict, log: str) -> None:
     os.environ.pop(RUN_MARKER, None)
     os.environ[JOB_MARKER] = job["marker"]
     reaper.become_subreaper()
+    zygote.use_templates({role.removeprefix("child:"): path for role, path in _templates(job).items()
+                          if role.startswith("child:")})
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     try:
         grade(job)

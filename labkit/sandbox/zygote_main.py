@@ -18,21 +18,37 @@ numbers, every other fd closed, the environment the box would get; then `labkit.
 Runs as root outside every box (it has to enter namespaces): started with the box's plain
 environment (`profiles.base_env`), so no variable of the judge's ever reaches a child; it exits
 when the judge's end of its socket closes. Single-threaded, so a fork copies nothing half-done.
+
+In its *judge* role (`ROLE_ENV`), one per grading batch, it is a template of the judge instead:
+it imports what `python -m labkit check` imports (labkit's judge, every lab's checks,
+Hypothesis) and nothing of any submission, and forks each submission's judge into the judge's
+own box the same way, which then runs `labkit check` with the request's arguments. In its
+*kernel* role it is a template of the grading kernel: ipykernel, IPython and labkit's notebook
+side, never a lab's checks (a kernel's box cannot read them, so its memory must not hold
+them). The workers reach a template one connection per process, on a listening socket in a
+folder only root can enter; a peer that is not root is refused.
 """
 
 from __future__ import annotations
 
 import ctypes
+import gc
 import importlib
 import json
 import os
 import resource
+import select
 import signal
 import socket
 import struct
 import sys
+import tempfile
+import threading
 
 FD_ENV = "LABKIT_ZYGOTE_FD"  # the zygote's end of its socket
+ROLE_ENV = "LABKIT_ZYGOTE_ROLE"  # "judge", "kernel": a template of one (see above); else a child's
+LISTEN_ENV = "LABKIT_ZYGOTE_LISTEN"  # the judge role's listening socket (one connection per judge)
+CONNECTION_TIMEOUT = 5.0  # a connected worker sends its request at once
 MAX_FDS = 32
 MAX_MESSAGE = 1 << 20
 NAMESPACES = ("cgroup", "ipc", "uts", "net", "pid", "mnt")  # mnt last: after it, host paths are gone
@@ -43,6 +59,7 @@ STARTED = struct.Struct("i")
 ENDED = struct.Struct("idd")
 CAP_LAST = 63  # PR_CAPBSET_DROP of a number the kernel does not know is EINVAL: ignored
 PR_CAPBSET_DROP, PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP = 24, 4, 38, 22
+PR_SET_CHILD_SUBREAPER = 36
 SECCOMP_MODE_FILTER = 2
 START_FAILED = 125  # the intermediate or the child could not be set up: never the student's doing
 
@@ -59,8 +76,8 @@ def _check(result: int, what: str) -> None:
         raise OSError(err, f"{what}: {os.strerror(err)}")
 
 
-def warm() -> None:
-    """Import what every child of this lab imports before the student's module."""
+def _warm_child() -> None:
+    """What every child of this lab imports before the student's module."""
     import labkit.probe.main as main
 
     main.add_site_packages()
@@ -69,28 +86,141 @@ def warm() -> None:
         importlib.import_module(name)
 
 
+def _run_child(request: dict) -> int:
+    import labkit.probe.main as main
+
+    return main.main()
+
+
+def _warm_judge() -> None:
+    """Every module a judge of any lab imports: labkit's judge and servers, each lab's checks
+    (all of their modules: some are imported at their first use), Hypothesis."""
+    import hypothesis.strategies  # noqa: F401 - imported by the property tests, at their first use
+
+    import labkit.cli  # noqa: F401
+    import labkit.grading.terminal  # noqa: F401
+    import labkit.judge.run  # noqa: F401
+    import labkit.judge.serve  # noqa: F401
+    import labkit.sandbox.remote  # noqa: F401
+    import labkit.views.render_text  # noqa: F401
+    from labkit import labs
+
+    for lab in labs.available():
+        labs.load(lab)
+        _import_all(labs.manifest(lab).package)
+    _import_all("labkit.servers")
+
+
+def _run_judge(request: dict) -> int:
+    """`python -m labkit ARGV`."""
+    from labkit.cli import main
+
+    try:
+        return main(list(request["argv"]))
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 1
+
+
+def _warm_kernel() -> None:
+    """What a grading kernel imports before its first cell: ipykernel and IPython, and labkit's
+    notebook side — never a lab's checks, which no kernel may read (nor find in its memory)."""
+    import ipykernel.ipkernel  # noqa: F401
+    import ipykernel.kernelapp  # noqa: F401
+
+    import labkit.notebook  # noqa: F401
+    import labkit.notebook.lab  # noqa: F401
+
+
+def _run_kernel(request: dict) -> int:
+    """`python -m ipykernel_launcher ARGV`, with the box's folder first on sys.path as `-m` puts it."""
+    if sys.path and sys.path[0] == "/":  # the template's own folder
+        sys.path[0] = request["cwd"]
+    from ipykernel import kernelapp
+
+    try:
+        kernelapp.launch_new_instance()
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 1
+    return 0
+
+
+# A zygote's role (`ROLE_ENV`): what it imports once, and what each process it forks runs.
+ROLES = {"child": (_warm_child, _run_child), "judge": (_warm_judge, _run_judge),
+         "kernel": (_warm_kernel, _run_kernel)}
+_ROLE = "child"  # read once by `main`: a forked process's environment is its box's
+
+
+def warm() -> None:
+    ROLES[_ROLE][0]()
+
+
+def _import_all(package: str) -> None:
+    import pkgutil
+
+    for info in pkgutil.iter_modules(importlib.import_module(package).__path__, package + "."):
+        try:
+            importlib.import_module(info.name)
+        except Exception:  # noqa: BLE001, S112 - one the judge never imports costs nothing
+            continue
+
+
 def serve(sock: socket.socket, bpf: bytes) -> None:
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # intermediates are reaped by the kernel
+    while _serve_one(sock, bpf):
+        pass
+
+
+def serve_listening(control: socket.socket, listener: socket.socket, bpf: bytes) -> None:
+    """A batch's template: one request per connection, from root only, until `control` closes.
+
+    It is a subreaper with SIGCHLD ignored: a killed box's processes whose intermediate died
+    first come here and are gone at once. (Passed on to the grader, they stayed zombies there
+    until its next round, and the judge's pid namespace, which waits for them, held its box
+    for seconds.)"""
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    _check(_libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0), "subreaper")
     while True:
-        try:
-            data, fds, _flags, _addr = socket.recv_fds(sock, MAX_MESSAGE, MAX_FDS)
-        except OSError:
-            return
-        if not data:
-            return
-        try:
-            request = json.loads(data)
-            pid = _fork(request, fds, bpf, sock)
-            reply = {"pid": pid}
-        except Exception as exc:  # noqa: BLE001 - a bad request is answered, never fatal here
-            reply = {"error": f"{type(exc).__name__}: {exc}"}
-        finally:
-            for fd in fds:
-                os.close(fd)
-        try:
-            sock.send(json.dumps(reply).encode())
-        except OSError:
-            return
+        ready = select.select([control, listener], [], [])[0]
+        if control in ready:
+            try:
+                if not control.recv(1):
+                    return
+            except OSError:
+                return
+        if listener in ready:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                continue
+            with conn:
+                uid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[1]
+                if uid == 0:
+                    conn.settimeout(CONNECTION_TIMEOUT)
+                    _serve_one(conn, bpf)
+
+
+def _serve_one(sock: socket.socket, bpf: bytes) -> bool:
+    """Answer one request on `sock`; False once it is closed."""
+    try:
+        data, fds, _flags, _addr = socket.recv_fds(sock, MAX_MESSAGE, MAX_FDS)
+    except OSError:
+        return False
+    if not data:
+        return False
+    try:
+        request = json.loads(data)
+        pid = _fork(request, fds, bpf, sock)
+        reply = {"pid": pid}
+    except Exception as exc:  # noqa: BLE001 - a bad request is answered, never fatal here
+        reply = {"error": f"{type(exc).__name__}: {exc}"}
+    finally:
+        for fd in fds:
+            os.close(fd)
+    try:
+        sock.send(json.dumps(reply).encode())
+    except OSError:
+        return False
+    return True
 
 
 def _fork(request: dict, fds: list[int], bpf: bytes, sock: socket.socket) -> int:
@@ -130,9 +260,7 @@ def _intermediate(request: dict, fds: list[int], bpf: bytes) -> int:
         try:
             os.close(status_w)
             _become_child(request, passed, bpf)
-            import labkit.probe.main as main
-
-            code = main.main()
+            code = _run(request)
             for stream in (sys.stdout, sys.stderr):
                 try:
                     stream.flush()
@@ -151,6 +279,10 @@ def _intermediate(request: dict, fds: list[int], bpf: bytes) -> int:
     _, status, usage = os.wait4(child, 0)
     os.write(status_w, ENDED.pack(os.waitstatus_to_exitcode(status), usage.ru_utime, usage.ru_stime))
     return 0
+
+
+def _run(request: dict) -> int:
+    return ROLES[_ROLE][1](request)
 
 
 def _become_child(request: dict, passed: list[int], bpf: bytes) -> None:
@@ -177,7 +309,9 @@ def _become_child(request: dict, passed: list[int], bpf: bytes) -> None:
     os.environ.clear()
     os.environ.update(request["env"])
     os.environ["PWD"] = request["cwd"]  # as bwrap's --chdir sets it
-    sys.argv = [request["argv0"]]
+    sys.argv = [request["argv0"], *request.get("argv", ())]
+    sys.dont_write_bytecode = bool(os.environ.get("PYTHONDONTWRITEBYTECODE"))
+    tempfile.tempdir = None  # found again from the box's environment
     # What the zygote listed of folders in the host's view (names only) is not the box's view.
     importlib.invalidate_caches()
     sys.path_importer_cache.clear()
@@ -208,7 +342,20 @@ def _place_fds(passed: list[int], targets: list[int]) -> None:
     os.closerange(low, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
 
 
+def _remove(path: str) -> None:
+    """The listening socket and its folder, gone with the template."""
+    try:
+        os.unlink(path)
+        os.rmdir(os.path.dirname(path))
+    except OSError:
+        pass
+
+
 def main() -> int:
+    global _ROLE
+    _ROLE = os.environ.pop(ROLE_ENV, None) or "child"
+    if _ROLE not in ROLES:
+        return 2
     sock = socket.socket(fileno=int(os.environ.pop(FD_ENV)))
     bpf = sock.recv(MAX_MESSAGE)  # the judge's first message: the compiled seccomp filter
     if not bpf or len(bpf) % 8:
@@ -218,8 +365,20 @@ def main() -> int:
     except Exception as exc:  # noqa: BLE001 - the judge starts children the usual way then
         sock.send(json.dumps({"error": f"warm-up failed: {exc!r}"}).encode())
         return 2
+    if threading.active_count() > 1:  # a fork would copy a thread's half-done work
+        sock.send(json.dumps({"error": "warm-up started a thread"}).encode())
+        return 2
+    gc.freeze()  # what is warm stays out of the collector's sight: a fork does not copy it back
     sock.send(json.dumps({"ready": True}).encode())
-    serve(sock, bpf)
+    listening = os.environ.pop(LISTEN_ENV, None)
+    if listening is not None:
+        listener = socket.socket(fileno=int(listening))
+        try:
+            serve_listening(sock, listener, bpf)
+        finally:  # also when the grader was killed: its end of `sock` closed
+            _remove(listener.getsockname())
+    else:
+        serve(sock, bpf)
     return 0
 
 
