@@ -10,6 +10,7 @@ so a rerun after an interruption continues where it stopped and never counts twi
 from __future__ import annotations
 
 import fcntl
+import functools
 import json
 import multiprocessing
 import multiprocessing.connection
@@ -18,6 +19,7 @@ import random
 import shutil
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -194,10 +196,12 @@ def _start_templates(labs_graded: list[str]) -> dict:
     from labkit.judge.child import site_packages
     from labkit.sandbox import zygote
 
-    started = {"judges": judge_box.start_template(), "kernels": kernel_box.start_template()}
+    starts = {"judges": judge_box.start_template, "kernels": kernel_box.start_template}
     for package in ["", *(labs.manifest(lab).package for lab in labs_graded)]:
         env = zygote.child_env(package or None, site_packages())
-        started[f"child:{package}"] = zygote.start_template("child", env)
+        starts[f"child:{package}"] = functools.partial(zygote.start_template, "child", env)
+    with ThreadPoolExecutor(len(starts)) as pool:  # they warm up side by side
+        started = dict(zip(starts, pool.map(lambda start: start(), starts.values()), strict=True))
     return {role: template for role, template in started.items() if template is not None}
 
 

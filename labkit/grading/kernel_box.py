@@ -151,7 +151,8 @@ class KernelBox:
     def fork(self, box, cmd: list[str], drain: Drain):
         """The kernel `cmd` (`python -m ipykernel_launcher ARGS`) forked from the template into
         `box`: a Popen-like, or None (the box is then closed)."""
-        if cmd[1:3] != ["-m", "ipykernel_launcher"]:
+        if cmd[1:3] != ["-m", "ipykernel_launcher"]:  # another kernel than the course's: fresh
+            box.close()
             return None
         return zygote.spawn_from(self.template, box, LAUNCHER, cmd[3:], stdin=subprocess.DEVNULL,
                                  stdout=subprocess.DEVNULL, stderr=drain.write_fd, pass_fds=())
