@@ -158,4 +158,4 @@ def test_the_template_leaves_nothing_behind():
 
 def test_no_template_where_judges_cannot_be_forked(monkeypatch):
     monkeypatch.setenv(zygote.ENV, "off")
-    assert zygote.start_template("judge", {}) is None
+    assert zygote.start_template({}) is None

@@ -183,7 +183,7 @@ def test_zygote_off_starts_every_child_fresh(tmp_path, monkeypatch, fresh_zygote
 
 def test_a_child_forked_from_a_batchs_template_sees_what_a_fresh_one_does(tmp_path, monkeypatch, fresh_zygotes):
     """A grading batch forks its judges' children from one template per lab (`use_templates`)."""
-    template = zygote.start_template("child", zygote.child_env("checks.outbox", child.site_packages()))
+    template = zygote.start_template(zygote.child_env("checks.outbox", child.site_packages()))
     assert template is not None
     zygote.use_templates({"checks.outbox": template.path})
     try:

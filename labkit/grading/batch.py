@@ -199,7 +199,7 @@ def _start_templates(labs_graded: list[str]) -> dict:
     starts = {"judges": judge_box.start_template, "kernels": kernel_box.start_template}
     for package in ["", *(labs.manifest(lab).package for lab in labs_graded)]:
         env = zygote.child_env(package or None, site_packages())
-        starts[f"child:{package}"] = functools.partial(zygote.start_template, "child", env)
+        starts[f"child:{package}"] = functools.partial(zygote.start_template, env)
     with ThreadPoolExecutor(len(starts)) as pool:  # they warm up side by side
         started = dict(zip(starts, pool.map(lambda start: start(), starts.values()), strict=True))
     return {role: template for role, template in started.items() if template is not None}

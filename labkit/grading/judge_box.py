@@ -68,7 +68,22 @@ def start_template() -> zygote.Template | None:
     tables = differential.unicode_tables()
     if tables is not None:
         env[differential.STORAGE_ENV] = str(tables)
-    return zygote.start_template("judge", env)
+    return zygote.start_template(env, TEMPLATE_ROLE | {"packages": [*_lab_packages(), "labkit.servers"]})
+
+
+# What the template of the judge imports, and what each judge forked from it runs: `labkit check`.
+TEMPLATE_ROLE = {
+    "warm": ["hypothesis.strategies", "labkit.cli", "labkit.grading.terminal", "labkit.judge.run",
+             "labkit.judge.serve", "labkit.sandbox.remote", "labkit.views.render_text"],
+    "entry": "labkit.cli:main",
+}
+
+
+def _lab_packages() -> list[str]:
+    """Every lab's package: the template imports all of their modules (some are imported at first use)."""
+    from labkit import labs
+
+    return [labs.manifest(lab).package for lab in labs.available()]
 
 
 @contextmanager

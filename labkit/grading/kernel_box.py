@@ -93,7 +93,16 @@ def start_template() -> zygote.Template | None:
     with each kernel); None where kernels cannot be forked (they start fresh)."""
     env = kernel_env(HOME, "")
     del env[RUN_MARKER]
-    return zygote.start_template("kernel", {**profiles.base_env(HOME), "PYTHONPATH": str(profiles.ROOT), **env})
+    return zygote.start_template({**profiles.base_env(HOME), "PYTHONPATH": str(profiles.ROOT), **env}, TEMPLATE_ROLE)
+
+
+# What the template of the kernel imports — ipykernel and labkit's notebook side, never a lab's
+# checks, which no kernel may read (nor find in its memory) — and what each kernel forked from it
+# runs: `python -m ipykernel_launcher ARGS`.
+TEMPLATE_ROLE = {
+    "warm": ["ipykernel.ipkernel", "ipykernel.kernelapp", "labkit.notebook", "labkit.notebook.lab"],
+    "entry": "ipykernel.kernelapp:launch_new_instance",
+}
 
 
 def kernel_env(home: str, marker: str) -> dict[str, str]:

@@ -131,8 +131,7 @@ def child_env(lab: str | None, site_packages: str) -> dict[str, str]:
 
 
 def _start(lab: str | None, site_packages: str) -> Zygote | None:
-    return _launch([sys.executable, *_FLAGS["child"], "-m", "labkit.sandbox.zygote_main"],
-                   child_env(lab, site_packages))
+    return _launch([sys.executable, *CHILD_FLAGS, "-m", "labkit.sandbox.zygote_main"], child_env(lab, site_packages))
 
 
 def _launch(argv: list[str], env: dict[str, str], listener: socket.socket | None = None) -> Zygote | None:
@@ -166,9 +165,9 @@ def _launch(argv: list[str], env: dict[str, str], listener: socket.socket | None
     return zygote
 
 
-# How each role's interpreter starts: a child without `site` (its probe adds the package
-# folders, `labkit.probe.main`), the judge and the kernel as `python -P -m ...` starts them.
-_FLAGS = {"child": ("-S", "-P"), "judge": ("-P",), "kernel": ("-P",)}
+# A child's zygote starts without `site` (its probe adds the package folders,
+# `labkit.probe.main`); a template of another program as `python -P -m ...` starts it.
+CHILD_FLAGS = ("-S", "-P")
 
 
 @dataclass
@@ -186,20 +185,24 @@ class Template:
         shutil.rmtree(os.path.dirname(self.path), ignore_errors=True)
 
 
-def start_template(role: str, env: dict[str, str]) -> Template | None:
-    """The template of `role` ("judge", "kernel", "child"), started with that program's own
-    environment `env` (`judge_box`, `kernel_box`, `child_env`); None where it cannot run (then
-    each starts fresh, as with `LABKIT_ZYGOTE=off`)."""
+def start_template(env: dict[str, str], role: dict | None = None) -> Template | None:
+    """A template of a child's zygote (`role` None, `env` from `child_env`), or of the program
+    that `role` describes (`zygote_main._ROLE`: `judge_box`, `kernel_box`), started with that
+    program's own environment `env`; None where it cannot run (then each starts fresh, as with
+    `LABKIT_ZYGOTE=off`)."""
     if os.environ.get(ENV, "on") == "off" or os.geteuid() != 0:
         return None
-    folder = tempfile.mkdtemp(prefix=f"labkit-{role}s-")  # 0700
+    folder = tempfile.mkdtemp(prefix="labkit-templates-")  # 0700
     path = os.path.join(folder, "socket")
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
         listener.bind(path)
         listener.listen(16)
-        zygote = _launch([sys.executable, *_FLAGS[role], "-m", "labkit.sandbox.zygote_main"],
-                         {**env, ROLE_ENV: role}, listener)
+        if role is None:
+            zygote = _launch([sys.executable, *CHILD_FLAGS, "-m", "labkit.sandbox.zygote_main"], env, listener)
+        else:
+            zygote = _launch([sys.executable, "-P", "-m", "labkit.sandbox.zygote_main"],
+                             {**env, ROLE_ENV: json.dumps(role)}, listener)
     except OSError:
         zygote = None
     finally:
@@ -215,7 +218,7 @@ _TEMPLATES: dict[str, str] = {}  # a grading batch's child templates here, by la
 
 def use_templates(children: dict[str, str]) -> None:
     """In a grading worker: fork its judge's children from the batch's child templates
-    (`start_template("child", child_env(lab, ...))`, by lab package), not from a zygote of its own."""
+    (`start_template(child_env(lab, ...))`, by lab package), not from a zygote of its own."""
     _TEMPLATES.clear()
     _TEMPLATES.update(children)
 

@@ -19,14 +19,14 @@ Runs as root outside every box (it has to enter namespaces): started with the bo
 environment (`profiles.base_env`), so no variable of the judge's ever reaches a child; it exits
 when the judge's end of its socket closes. Single-threaded, so a fork copies nothing half-done.
 
-In its *judge* role (`ROLE_ENV`), one per grading batch, it is a template of the judge instead:
-it imports what `python -m labkit check` imports (labkit's judge, every lab's checks,
-Hypothesis) and nothing of any submission, and forks each submission's judge into the judge's
-own box the same way, which then runs `labkit check` with the request's arguments. In its
-*kernel* role it is a template of the grading kernel: ipykernel, IPython and labkit's notebook
-side, never a lab's checks (a kernel's box cannot read them, so its memory must not hold
-them). The workers reach a template one connection per process, on a listening socket in a
-folder only root can enter; a peer that is not root is refused.
+Given a *role* (`ROLE_ENV`: what to import, what each forked process runs, as data from the
+program's own module), one per grading batch, it is a template of another program instead:
+of the judge (`judge_box`: what `labkit check` imports, every lab's checks, Hypothesis; each
+fork runs `labkit check`) or of the kernel (`kernel_box`: ipykernel and labkit's notebook side,
+never a lab's checks, which a kernel's box cannot read and so its memory must not hold). It
+imports nothing of any submission, and forks each submission's program into its box as it
+forks a child. The workers reach a template one connection per process, on a listening socket
+in a folder only root can enter; a peer that is not root is refused.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ import tempfile
 import threading
 
 FD_ENV = "LABKIT_ZYGOTE_FD"  # the zygote's end of its socket
-ROLE_ENV = "LABKIT_ZYGOTE_ROLE"  # "judge", "kernel": a template of one (see above); else a child's
+ROLE_ENV = "LABKIT_ZYGOTE_ROLE"  # a template's role, as data (`_ROLE`); unset: a child's zygote
 LISTEN_ENV = "LABKIT_ZYGOTE_LISTEN"  # the judge role's listening socket (one connection per judge)
 CONNECTION_TIMEOUT = 5.0  # a connected worker sends its request at once
 MAX_FDS = 32
@@ -86,72 +86,35 @@ def _warm_child() -> None:
         importlib.import_module(name)
 
 
-def _run_child(request: dict) -> int:
-    import labkit.probe.main as main
-
-    return main.main()
-
-
-def _warm_judge() -> None:
-    """Every module a judge of any lab imports: labkit's judge and servers, each lab's checks
-    (all of their modules: some are imported at their first use), Hypothesis."""
-    import hypothesis.strategies  # noqa: F401 - imported by the property tests, at their first use
-
-    import labkit.cli  # noqa: F401
-    import labkit.grading.terminal  # noqa: F401
-    import labkit.judge.run  # noqa: F401
-    import labkit.judge.serve  # noqa: F401
-    import labkit.sandbox.remote  # noqa: F401
-    import labkit.views.render_text  # noqa: F401
-    from labkit import labs
-
-    for lab in labs.available():
-        labs.load(lab)
-        _import_all(labs.manifest(lab).package)
-    _import_all("labkit.servers")
-
-
-def _run_judge(request: dict) -> int:
-    """`python -m labkit ARGV`."""
-    from labkit.cli import main
-
-    try:
-        return main(list(request["argv"]))
-    except SystemExit as exc:
-        return exc.code if isinstance(exc.code, int) else 1
-
-
-def _warm_kernel() -> None:
-    """What a grading kernel imports before its first cell: ipykernel and IPython, and labkit's
-    notebook side — never a lab's checks, which no kernel may read (nor find in its memory)."""
-    import ipykernel.ipkernel  # noqa: F401
-    import ipykernel.kernelapp  # noqa: F401
-
-    import labkit.notebook  # noqa: F401
-    import labkit.notebook.lab  # noqa: F401
-
-
-def _run_kernel(request: dict) -> int:
-    """`python -m ipykernel_launcher ARGV`, with the box's folder first on sys.path as `-m` puts it."""
-    if sys.path and sys.path[0] == "/":  # the template's own folder
-        sys.path[0] = request["cwd"]
-    from ipykernel import kernelapp
-
-    try:
-        kernelapp.launch_new_instance()
-    except SystemExit as exc:
-        return exc.code if isinstance(exc.code, int) else 1
-    return 0
-
-
-# A zygote's role (`ROLE_ENV`): what it imports once, and what each process it forks runs.
-ROLES = {"child": (_warm_child, _run_child), "judge": (_warm_judge, _run_judge),
-         "kernel": (_warm_kernel, _run_kernel)}
-_ROLE = "child"  # read once by `main`: a forked process's environment is its box's
+# A template's role (`ROLE_ENV`, JSON, given by the program's own module: `judge_box`,
+# `kernel_box`): "warm", the modules to import; "packages", packages to import whole (some of
+# their modules are imported only at first use); "entry", "module:function", called with the
+# request's argv, its return value the exit code. None: a child's zygote.
+_ROLE: dict | None = None
 
 
 def warm() -> None:
-    ROLES[_ROLE][0]()
+    if _ROLE is None:
+        _warm_child()
+        return
+    for name in _ROLE.get("warm", ()):
+        importlib.import_module(name)
+    for package in _ROLE.get("packages", ()):
+        _import_all(package)
+
+
+def _run(request: dict) -> int:
+    """The forked process's program: the role's entry, or the judged child's probe."""
+    if _ROLE is None:
+        import labkit.probe.main as main
+
+        return main.main()
+    module, _, name = _ROLE["entry"].partition(":")
+    try:
+        code = getattr(importlib.import_module(module), name)(list(request["argv"]))
+    except SystemExit as exc:  # as the program would end when started with `python -m`
+        code = exc.code if isinstance(exc.code, int) else 1
+    return code if isinstance(code, int) else 0
 
 
 def _import_all(package: str) -> None:
@@ -281,10 +244,6 @@ def _intermediate(request: dict, fds: list[int], bpf: bytes) -> int:
     return 0
 
 
-def _run(request: dict) -> int:
-    return ROLES[_ROLE][1](request)
-
-
 def _become_child(request: dict, passed: list[int], bpf: bytes) -> None:
     """Everything bwrap's command line (setpriv, prlimit, seccomp) does, in this process."""
     os.setsid()
@@ -353,9 +312,8 @@ def _remove(path: str) -> None:
 
 def main() -> int:
     global _ROLE
-    _ROLE = os.environ.pop(ROLE_ENV, None) or "child"
-    if _ROLE not in ROLES:
-        return 2
+    role = os.environ.pop(ROLE_ENV, None)
+    _ROLE = json.loads(role) if role else None
     sock = socket.socket(fileno=int(os.environ.pop(FD_ENV)))
     bpf = sock.recv(MAX_MESSAGE)  # the judge's first message: the compiled seccomp filter
     if not bpf or len(bpf) % 8:
