@@ -396,9 +396,6 @@ def _run_locked(found, skipped, batch: Batch, seed: int | None) -> int:
     for sub in found:
         examine_contained(sub, known, lab_names)
     chosen = submissions.one_per_lab(found, known)
-    ctx = _context() if found else None
-    if ctx is not None:  # once the labs are known: the forkserver renders their releases
-        _start_forkserver(sorted({sub.lab for sub in chosen if sub.lab}))
     batch.seed = batch_seed(out, seed)
     all_jobs = [make_job(sub, batch, known) for sub in chosen]
     manifest.write(out, class_manifest(batch, all_jobs, skipped, known))
@@ -414,6 +411,9 @@ def _run_locked(found, skipped, batch: Batch, seed: int | None) -> int:
                + (f"; {len(skipped)} path(s) skipped (listed in the gradebook)" if skipped else "")), flush=True)
     progress = Progress(len(todo))
     graded = sorted({job["lab"] for job in todo if gradable(job)})
+    ctx = _context() if graded else None  # nothing to grade (all done, or malformed): no workers
+    if ctx is not None:  # the forkserver renders the releases of the labs it will grade
+        _start_forkserver(graded)
     templates = _start_templates(graded) if batch.sandboxed and graded else {}
     batch.templates = {role: template.path for role, template in templates.items()}
     queue, active = list(todo), []
