@@ -219,11 +219,15 @@ def test_a_launched_child_nobody_sent_a_request_is_ended_when_closed(served):
     assert not io_dir.exists()
 
 
+@pytest.mark.parametrize("forked", [False, True], ids=["fresh", "forked"])
 @pytest.mark.parametrize("failures", [1, 2])
-def test_a_judge_box_that_ends_before_the_judge_began_is_retried_once_then_named(tmp_path, monkeypatch, failures):
+def test_a_judge_box_that_ends_before_the_judge_began_is_retried_once_then_named(tmp_path, monkeypatch, failures,
+                                                                                 forked):
     """The launcher attaches to the judge's first process; when that process is already gone
     (bwrap failed after reporting it), nothing of the student's ran: the run is tried once
-    more, and a second such end is a readable error, never the grader's own traceback."""
+    more, and a second such end is a readable error, never the grader's own traceback. So too
+    for a judge forked from the batch's template (the launcher attaches to its box's holder:
+    when that is gone, so is the box's pid namespace, the judge with it), tried again fresh."""
     from labkit.grading import judge_box
 
     if not sandbox.support().ok:
@@ -240,7 +244,15 @@ def test_a_judge_box_that_ends_before_the_judge_began_is_retried_once_then_named
     monkeypatch.setattr(launcher.Launcher, "attach", attach)
     module = tmp_path / "warmup.py"
     module.write_text((ROOT / "solutions" / "warmup.py").read_text())
-    run = judge_box.run("start-here", module, 1, uid=sandbox.uid(), timeout=120)
+    template = judge_box.start_template() if forked else None
+    try:
+        started = time.monotonic()
+        run = judge_box.run("start-here", module, 1, uid=sandbox.uid(), timeout=120,
+                            judges=template.path if template is not None else None)
+    finally:
+        if template is not None:
+            template.stop()
+    assert time.monotonic() - started < 60, "a judge without its launcher ran to its timeout"
     assert len(calls) == 2
     if failures == 1:
         assert run.verdict is not None and run.error == "", run.error
