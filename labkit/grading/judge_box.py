@@ -61,13 +61,20 @@ def _env(uid: int | None, marker_env: dict[str, str]) -> dict[str, str]:
     return env
 
 
+def _show_tables(env: dict[str, str]) -> Path | None:
+    """The grader's Hypothesis Unicode tables, named in a judge's `env` (read-only to it:
+    Hypothesis' failed writes there are silent); None when there are none."""
+    tables = differential.unicode_tables()
+    if tables is not None:
+        env[differential.STORAGE_ENV] = str(tables)
+    return tables
+
+
 def start_template() -> zygote.Template | None:
     """The batch's template of the judge, started with a judge's environment (its own uid and
     markers come with each judge); None where judges cannot be forked (they start fresh)."""
     env = _env(0, {})
-    tables = differential.unicode_tables()
-    if tables is not None:
-        env[differential.STORAGE_ENV] = str(tables)
+    _show_tables(env)
     return zygote.start_template(env, TEMPLATE_ROLE | {"packages": [*_lab_packages(), "labkit.servers"]})
 
 
@@ -172,9 +179,7 @@ def _run_once(lab: str, module: Path, seed: int, *, uid: int | None, timeout: fl
             def spawn(argv: list[str], **popen) -> subprocess.Popen:
                 return box.spawn(argv, cwd=str(module.parent), env=env, start_new_session=True, **popen)
         else:
-            tables = differential.unicode_tables()
-            if tables is not None:  # read-only: Hypothesis' failed writes there are silent
-                env[differential.STORAGE_ENV] = str(tables)
+            tables = _show_tables(env)
             box, spawn = stack.enter_context(judge_session(uid, module, env, tables, judges))
         proc = None
         err = stack.enter_context(tempfile.TemporaryFile())

@@ -93,7 +93,7 @@ def start_template() -> zygote.Template | None:
     with each kernel); None where kernels cannot be forked (they start fresh)."""
     env = kernel_env(HOME, "")
     del env[RUN_MARKER]
-    return zygote.start_template({**profiles.base_env(HOME), "PYTHONPATH": str(profiles.ROOT), **env}, TEMPLATE_ROLE)
+    return zygote.start_template(profiles.kernel_environment(HOME, env), TEMPLATE_ROLE)
 
 
 # What the template of the kernel imports — ipykernel and labkit's notebook side, never a lab's

@@ -36,12 +36,14 @@ def _render_releases() -> None:
     from labkit.grading.submissions import releases
 
     wanted = set(filter(None, os.environ.get(WARM_LABS_ENV, "").split(",")))
-    for lab, release in releases(release_dir()).items() if wanted else ():
-        if lab in wanted:
-            try:
+    if not wanted:
+        return
+    for lab, release in releases(release_dir()).items():
+        try:
+            if lab in wanted:
                 notebook_html(nbformat.from_dict(release.nb))
-            except Exception:  # noqa: BLE001, S112 - a cold cache only costs time
-                continue
+        except Exception:  # noqa: BLE001, S112 - a cold cache only costs time
+            continue
 
 
 _render_releases()

@@ -155,6 +155,11 @@ def child(uid: int, *, module: Path, workdir: Path, code_modules: tuple[str, ...
     )
 
 
+def kernel_environment(home: str, env: dict[str, str]) -> dict[str, str]:
+    """A grading kernel's whole environment: the box's plain one, the course on its path, `env`."""
+    return {**base_env(home), "PYTHONPATH": str(ROOT), **env}
+
+
 def kernel(uid: int, *, home: str, sockets: Path, lab: str, shown: dict[Path, str],
            env: dict[str, str], memory_bytes: int, file_bytes: int) -> Policy:
     """A grading kernel: runs the whole notebook, talks to nbclient over unix sockets only.
@@ -168,7 +173,7 @@ def kernel(uid: int, *, home: str, sockets: Path, lab: str, shown: dict[Path, st
         writable=(Path(sockets),),
         mapped=tuple(shown.items()),
         cwd=Path(home),
-        env={**base_env(home), "PYTHONPATH": str(ROOT), **env},
+        env=kernel_environment(home, env),
         network="private",
         tmp_bytes=TMP_BYTES,
         scratch=((home, KERNEL_SCRATCH_BYTES),),

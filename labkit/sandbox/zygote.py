@@ -12,9 +12,9 @@ alone are ~100 ms).
 
 For a box a root process makes: the judge's own (a student's checks, the tests) or the
 launcher's (grading: `launcher.py`, in the unprivileged judge's namespaces).
-A grading batch also keeps one template of the judge and one of the kernel (`start_template`,
-`spawn_from`): each submission's judge and kernel are forked from them into their own boxes
-the same way.
+A grading batch also keeps templates of the judge, of the kernel and of each lab's children
+(`start_template`, `spawn_from`, `use_templates`): each submission's are forked from them into
+their own boxes the same way.
 `LABKIT_ZYGOTE=off` starts every child (and judge) fresh. When the zygote cannot serve a case (it did not
 start, it is gone), `spawn` returns None and the caller starts the child fresh: never a verdict
 about the student.
@@ -172,8 +172,8 @@ CHILD_FLAGS = ("-S", "-P")
 
 @dataclass
 class Template:
-    """A grading batch's template of the judge or of the kernel (`zygote_main`'s roles): each
-    submission's judge (or kernel) is forked from it into its own box, instead of starting
+    """A grading batch's template of the judge, of the kernel (`zygote_main`'s roles) or of a
+    lab's children: each submission's is forked from it into its own box, instead of starting
     Python and importing the same modules again (measured per submission: 0.1-0.3 s of CPU
     for a judge, ~0.2 s for a kernel)."""
 
@@ -198,11 +198,8 @@ def start_template(env: dict[str, str], role: dict | None = None) -> Template | 
     try:
         listener.bind(path)
         listener.listen(16)
-        if role is None:
-            zygote = _launch([sys.executable, *CHILD_FLAGS, "-m", "labkit.sandbox.zygote_main"], env, listener)
-        else:
-            zygote = _launch([sys.executable, "-P", "-m", "labkit.sandbox.zygote_main"],
-                             {**env, ROLE_ENV: json.dumps(role)}, listener)
+        flags, env = (CHILD_FLAGS, env) if role is None else (("-P",), {**env, ROLE_ENV: json.dumps(role)})
+        zygote = _launch([sys.executable, *flags, "-m", "labkit.sandbox.zygote_main"], env, listener)
     except OSError:
         zygote = None
     finally:
