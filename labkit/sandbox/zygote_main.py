@@ -91,9 +91,20 @@ def _warm_child() -> None:
 # their modules are imported only at first use); "entry", "module:function", called with the
 # request's argv, its return value the exit code. None: a child's zygote.
 _ROLE: dict | None = None
+# What the warm imports set in the environment (debugpy sets PYDEVD_USE_FRAME_EVAL): the same
+# imports in a fresh start would set it in the child's, so a forked child gets it too.
+_WARM_ENV: dict[str, str] = {}
 
 
 def warm() -> None:
+    before = dict(os.environ)
+    try:
+        _warm()
+    finally:
+        _WARM_ENV.update({k: v for k, v in os.environ.items() if before.get(k) != v})
+
+
+def _warm() -> None:
     if _ROLE is None:
         _warm_child()
         return
@@ -267,6 +278,8 @@ def _become_child(request: dict, passed: list[int], bpf: bytes) -> None:
     _place_fds(passed, request["targets"])
     os.environ.clear()
     os.environ.update(request["env"])
+    for key, value in _WARM_ENV.items():
+        os.environ.setdefault(key, value)
     os.environ["PWD"] = request["cwd"]  # as bwrap's --chdir sets it
     sys.argv = [request["argv0"], *request.get("argv", ())]
     sys.dont_write_bytecode = bool(os.environ.get("PYTHONDONTWRITEBYTECODE"))
