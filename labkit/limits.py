@@ -17,6 +17,13 @@ PROPERTY_EXAMPLES = 150
 PROPERTY_CPU_SECONDS = 2.0
 PROPERTY_SECONDS = 60.0
 PROPERTY_WALL_BACKSTOP = 240.0
+# CPU seconds a case that only a too-slow solution can hang on (`expect.Plan.hang_clause`:
+# backoff(10**9, ...)) may use before its child is ended (SIGXCPU, `probe.started`): a reference
+# answers in microseconds, and CPU time, unlike the step's clock, hardly moves with the machine's
+# load. Without it such a hang held its child for the whole STEP_TIMEOUT, computing.
+HANG_CASE_CPU_SECONDS = 2
+# The key of a child's request args that names those cases (`StepContext.cases`).
+CPU_BUDGET_KEY = "cpu_budget"
 # Child processes get this much address space; a memory hog dies with MemoryError.
 CHILD_MEMORY_BYTES = 1024 * 1024 * 1024
 # Largest file a child may write (its stdout file included): a print loop cannot fill the disk.

@@ -52,6 +52,7 @@ class ChildRun:
     ended_at: float = 0.0
     restarted: str = ""  # why a first start was retried (`run_child`), else ""
     memory_limit: bool = False  # the sandbox saw its memory limit kill it (cgroup OOM)
+    cpu_limit: bool = False  # a case's CPU budget ended it (`probe.started`): also `timed_out`
 
     @property
     def import_error(self) -> dict | None:
@@ -397,7 +398,15 @@ def _run_child_once(module: Path, probe: str, args: dict, *, workdir: Path, time
             run.stderr = _read_capped(started.io_dir / "stderr")
             shutil.rmtree(started.io_dir, ignore_errors=True)
     run.records = _parse(data)
+    _out_of_cpu(run)
     return run
+
+
+def _out_of_cpu(run: ChildRun) -> None:
+    """A child that SIGXCPU ended in a case with a CPU budget hung there, as one the clock
+    stopped would have (bwrap reports a signal as 128 + its number)."""
+    if run.exit_code in (-signal.SIGXCPU, 128 + signal.SIGXCPU) and run.unfinished_case() is not None:
+        run.timed_out = run.cpu_limit = True
 
 
 def _collect(fd: int, proc: subprocess.Popen, budget: Budget) -> bytes:

@@ -13,7 +13,7 @@ from typing import Any
 
 from labkit.judge.child import ChildRun, died, last_line
 from labkit.judge.verdict import Case, Outcome
-from labkit.limits import CHILD_MEMORY_BYTES
+from labkit.limits import CHILD_MEMORY_BYTES, HANG_CASE_CPU_SECONDS
 from labkit.values import decode, same, show
 
 TRANSACTION_HINT = ("Do every write between one `BEGIN IMMEDIATE` and one `COMMIT`, and `ROLLBACK` "
@@ -260,7 +260,7 @@ def _unreported(run: ChildRun, plan: Plan, stuck: str | None, timeout: float) ->
         return Case(plan.name, Outcome.NOT_REACHED, plan.called, plan.expected,
                     f"not run: an earlier case in this step {what}" + (f" ({stuck})" if stuck else ""))
     if run.timed_out:
-        ended = {"kind": "timed_out", "seconds": timeout}
+        ended = {"kind": "timed_out", "seconds": timeout, **({"cpu": HANG_CASE_CPU_SECONDS} if run.cpu_limit else {})}
     elif run.aborted is not None:
         ended = {"kind": "aborted", "error": run.aborted}
     else:
@@ -277,6 +277,11 @@ def ended_case(ended: dict, name: str, called: str, expected: str) -> Case:
     """A call that never answered because the child hung ("timed_out"), left through SystemExit
     or another BaseException ("aborted") or died ("died"): the kinds `child` reports."""
     kind = ended["kind"]
+    if kind == "timed_out" and ended.get("cpu"):
+        return Case(name, Outcome.TIMED_OUT, called, expected,
+                    f"still computing after {ended['cpu']:g} s of CPU time; the process was killed",
+                    "Look for a loop that never ends, or work that grows with the size of a number: a loop up "
+                    "to it, or an exact 2 ** n.")
     if kind == "timed_out":
         return Case(name, Outcome.TIMED_OUT, called, expected,
                     f"no answer within {ended['seconds']:g} s; the process was killed",

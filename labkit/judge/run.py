@@ -27,7 +27,7 @@ from labkit.judge.ahead import SessionsAhead
 from labkit.judge.child import ChildRun, Started, run_child, start
 from labkit.judge.contract import Clause
 from labkit.judge.verdict import Case, Evidence, LabVerdict, Outcome, StepVerdict
-from labkit.limits import step_timeout
+from labkit.limits import CPU_BUDGET_KEY, HANG_CASE_CPU_SECONDS, step_timeout
 from labkit.sandbox import reaper
 
 
@@ -178,7 +178,9 @@ class StepContext:
     def cases(self, probe: str, plans: list[expect.Plan], args: dict | None = None,
               env: dict[str, str] | None = None, probes: str | None = None) -> list[Case]:
         """The usual shape of a step: one child runs every plan, then each is judged."""
-        run = self.child(probe, {"cases": [p.name for p in plans], **(args or {})}, env=env, probes=probes)
+        budgets = {p.name: HANG_CASE_CPU_SECONDS for p in plans if p.hang_clause}
+        run = self.child(probe, {"cases": [p.name for p in plans], **(args or {}),
+                                 **({CPU_BUDGET_KEY: budgets} if budgets else {})}, env=env, probes=probes)
         return expect.judge(run, plans, self.timeout)
 
     def side_by_side(self, probe: str, groups: list[tuple[list[expect.Plan], dict]],

@@ -11,7 +11,9 @@ import copy
 import functools
 import importlib
 import json
+import math
 import os
+import resource
 import socket
 import sqlite3
 import threading
@@ -32,6 +34,9 @@ MAX_WITNESS_REPLY = 1 << 20  # the witness answers a few hundred bytes
 
 _out = None
 _module_file = ""
+_cpu_budget: dict[str, float] = {}  # case → CPU seconds it may use (`budget_cpu`)
+# Taken before the student's module loads, as `_read` below: a patch cannot switch the budget off.
+_getrusage, _setrlimit, _getrlimit = resource.getrusage, resource.setrlimit, resource.getrlimit
 
 
 def attach(fd: int, module_file: str) -> None:
@@ -105,8 +110,22 @@ def report(case: str, outcome: dict, **observed: Any) -> None:
     emit({"event": "case", "case": case, "outcome": outcome, "observed": observed})
 
 
+def budget_cpu(budgets: dict[str, float]) -> None:
+    """The cases (by name) that may use at most so many CPU seconds each (`limits.CPU_BUDGET_KEY`)."""
+    _cpu_budget.clear()
+    _cpu_budget.update(budgets or {})
+
+
 def started(case: str) -> None:
-    """Announce a case before running it, so a hang or a death can be pinned to it."""
+    """Announce a case before running it, so a hang or a death can be pinned to it; a case with
+    a CPU budget runs under a soft RLIMIT_CPU that much past what the child has used (whole
+    seconds: the limit's unit), every other case under none."""
+    if _cpu_budget:
+        seconds = _cpu_budget.get(case)
+        used = _getrusage(resource.RUSAGE_SELF)
+        soft = resource.RLIM_INFINITY if seconds is None else math.ceil(used.ru_utime + used.ru_stime + seconds)
+        with contextlib.suppress(ValueError, OSError):
+            _setrlimit(resource.RLIMIT_CPU, (soft, _getrlimit(resource.RLIMIT_CPU)[1]))
     emit({"event": "start", "case": case})
 
 

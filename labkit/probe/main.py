@@ -98,7 +98,7 @@ def add_site_packages() -> None:
 
 
 def main() -> int:
-    from labkit.limits import limit_resources
+    from labkit.limits import CPU_BUDGET_KEY, limit_resources
 
     limit_resources()
     if sys.flags.no_site:
@@ -108,6 +108,7 @@ def main() -> int:
     probe.attach(int(os.environ["LABKIT_RESULT_FD"]), request["module"])
     target_module, _, target_name = request["probe"].partition(":")
     runner = getattr(importlib.import_module(target_module), target_name)
+    probe.budget_cpu(request.get("args", {}).get(CPU_BUDGET_KEY, {}))
     probe.emit({"event": "importing"})
     stop_watching = watch_import(request["module"])
     try:
