@@ -66,7 +66,7 @@ TIMING_DEPENDENT = {
                                         "racers, the one whose order went in also wins the outbox row (one True) "
                                         "or another does (no True at all) is the scheduler's choice",
     "outbox:honours_proxy": "every call goes to the judge's proxy, which answers at once: whether that answer beats "
-                            "the 0.15 s timeout of the slow-server cases depends on the load (seen in CI)",
+                            "the short timeout of the slow-server cases depends on the load (seen in CI)",
 }
 
 

@@ -55,6 +55,9 @@ CALLS_PER_CHILD = 30  # calls that talk to a listener, per child (see slices)
 # A judge answers at once, within milliseconds; this late, it was the machine, and the shortest
 # timeout a case gives a client that should get an answer is 0.5 s.
 KEPT_WAITING = 0.1
+# The client's timeout in the cases whose server stays silent (1.5 s): the step waits it out, so
+# it is short; a busy machine can only make such a call time out sooner, which is its answer.
+SLOW_SERVER_TIMEOUT = 0.1
 TIMEOUT_HINT = "timeout is a positive finite int or float, not bool: anything else is ValueError."
 
 
@@ -155,7 +158,7 @@ class SendHttp:
     def _children(self) -> list[list[int]]:
         """Which calls each child makes (indexes into plans and specs): the calls refused before
         connecting in one, those that talk in runs of at most CALLS_PER_CHILD, and each call whose
-        server is silent on purpose in a child of its own: it sleeps through its ~0.15 s timeout
+        server is silent on purpose in a child of its own: it sleeps through its short timeout (SLOW_SERVER_TIMEOUT)
         while the others compute, instead of adding that wait to a talking child's run (step 8's
         longest child, and so the step's time)."""
         waits = {label for label, listener in self.listeners.items()
@@ -446,8 +449,9 @@ def check_send_http(ctx: StepContext) -> list[Case]:
                             "Pass timeout to the connection (urlopen(..., timeout=timeout)): every wait is bounded.")
             return None
 
-        h.add(label, "send_http(url, event, timeout=0.15); the server waits 1.5 s", "an OSError (a timeout) after "
-              "about 0.15 s", [listener.url, h.fresh("slow"), 0.15], listener,
+        h.add(label, f"send_http(url, event, timeout={SLOW_SERVER_TIMEOUT}); the server waits 1.5 s",
+              f"an OSError (a timeout) after about {SLOW_SERVER_TIMEOUT} s",
+              [listener.url, h.fresh("slow"), SLOW_SERVER_TIMEOUT], listener,
               [("8.timeout-honoured", in_time), ("8.network-error", _network_error)])
     return h.run()
 
