@@ -56,3 +56,26 @@ def test_a_process_that_is_gone_adds_nothing():
     proc.wait(timeout=30)
     budget = Budget(proc.pid, 1.0)
     assert budget.deadline() == budget.first
+
+
+def test_cpu_seconds_counts_the_whole_tree_as_psutil_does(procs):
+    import psutil
+
+    from labkit.judge.processes import cpu_seconds
+
+    # A process named with spaces and a ")" (/proc's stat quotes nothing), and a child it forked.
+    procs.append(subprocess.Popen([sys.executable, "-c", "import ctypes, os\n"
+                                   "ctypes.CDLL(None).prctl(15, b'a) b c', 0, 0, 0)\n"
+                                   f"os.fork()\n{SPIN}"]))
+    time.sleep(1.0)
+    tree = [psutil.Process(procs[0].pid), *psutil.Process(procs[0].pid).children(recursive=True)]
+    try:
+        assert len(tree) == 2
+        ours = cpu_seconds(procs[0].pid)
+        theirs = sum(t.user + t.system for t in (p.cpu_times() for p in tree))
+        assert ours > 0.5 and abs(ours - theirs) < 0.1, (ours, theirs)
+    finally:  # the fork too, which the fixture does not know: gone once its parent is
+        for proc in tree:
+            proc.kill()
+        procs[0].wait(timeout=10)
+        assert not psutil.wait_procs(tree[1:], timeout=10)[1]

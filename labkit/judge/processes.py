@@ -17,15 +17,21 @@ from labkit.limits import WALL_FACTOR
 
 
 def cpu_seconds(pid: int) -> float:
-    """The CPU time process `pid` and what it started have used so far (user + system)."""
-    total = 0.0
-    for proc in process_tree(pid):
+    """The CPU time process `pid` and what it started have used so far (user + system), from
+    /proc/*/stat as psutil reads it, without a psutil object per process (read between every
+    two served cases)."""
+    ticks = 0
+    for one in tree_pids(pid):
         try:
-            used = proc.cpu_times()
-        except psutil.Error:
+            with open(f"/proc/{one}/stat", "rb") as fh:
+                after_name = fh.read().rpartition(b")")[2].split()  # the name may hold spaces and ")"
+            ticks += int(after_name[11]) + int(after_name[12])  # utime, stime (fields 14 and 15)
+        except (OSError, ValueError, IndexError):  # it has just ended
             continue
-        total += used.user + used.system
-    return total
+    return ticks / CLOCK_TICKS
+
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def waited_for_cpu(pid: int) -> float:
