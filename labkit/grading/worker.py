@@ -46,6 +46,8 @@ from labkit.notebook.module_export import assemble, parts_from_notebook
 from labkit.sandbox import reaper, zygote
 
 PR_SET_PDEATHSIG = 1
+# The process this module was imported in: the forkserver, whose forks are the workers.
+_IMPORTED_IN = os.getpid()
 
 
 def _run_judge(job: dict, module: Path, box: dict, limits: Limits) -> None:
@@ -187,6 +189,10 @@ def _detach(log: Path) -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     except (OSError, AttributeError):
         pass
+    # A forkserver that died between the fork and the line above (its grader killed just as it
+    # started this job) sent no signal: this worker would grade on, an orphan, into --out.
+    if os.getpid() != _IMPORTED_IN and os.getppid() != _IMPORTED_IN:
+        os._exit(1)
 
 
 def entry(job: dict, log: str) -> None:
