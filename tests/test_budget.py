@@ -59,6 +59,8 @@ def test_a_process_that_is_gone_adds_nothing():
 
 
 def test_cpu_seconds_counts_the_whole_tree_as_psutil_does(procs):
+    import signal
+
     import psutil
 
     from labkit.judge.processes import cpu_seconds
@@ -67,13 +69,21 @@ def test_cpu_seconds_counts_the_whole_tree_as_psutil_does(procs):
     procs.append(subprocess.Popen([sys.executable, "-c", "import ctypes, os\n"
                                    "ctypes.CDLL(None).prctl(15, b'a) b c', 0, 0, 0)\n"
                                    f"os.fork()\n{SPIN}"]))
-    time.sleep(1.0)
-    tree = [psutil.Process(procs[0].pid), *psutil.Process(procs[0].pid).children(recursive=True)]
+    root = psutil.Process(procs[0].pid)
+    deadline = time.monotonic() + 30
+    while len(root.children()) < 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    tree = [root, *root.children(recursive=True)]
     try:
         assert len(tree) == 2
+        while sum(t.user for t in (p.cpu_times() for p in tree)) < 0.2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for proc in tree:  # stopped: both counts read the same totals, however busy the machine
+            proc.send_signal(signal.SIGSTOP)
+        time.sleep(0.05)
         ours = cpu_seconds(procs[0].pid)
         theirs = sum(t.user + t.system for t in (p.cpu_times() for p in tree))
-        assert ours > 0.5 and abs(ours - theirs) < 0.1, (ours, theirs)
+        assert ours > 0 and abs(ours - theirs) < 1e-6, (ours, theirs)
     finally:  # the fork too, which the fixture does not know: gone once its parent is
         for proc in tree:
             proc.kill()
