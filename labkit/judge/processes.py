@@ -15,6 +15,8 @@ import psutil
 
 from labkit.limits import WALL_FACTOR
 
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")  # /proc's unit of CPU time
+
 
 def cpu_seconds(pid: int) -> float:
     """The CPU time process `pid` and what it started have used so far (user + system), from
@@ -29,9 +31,6 @@ def cpu_seconds(pid: int) -> float:
         except (OSError, ValueError, IndexError):  # it has just ended
             continue
     return ticks / CLOCK_TICKS
-
-
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def waited_for_cpu(pid: int) -> float:
