@@ -5,6 +5,8 @@ outlived the test). `worker._detach` then ends the worker instead of letting it 
 
 from __future__ import annotations
 
+import contextlib
+import os
 import subprocess
 import sys
 import time
@@ -56,3 +58,51 @@ def test_a_worker_whose_forkserver_died_before_it_detached_does_not_grade(tmp_pa
     child = int((tmp_path / "child").read_text())
     assert gone(child), "the worker is still running"
     assert (tmp_path / "graded").exists() == (forkserver == "lives")
+
+
+# The grader's part: a real multiprocessing forkserver, one worker that detaches and then
+# "grades" for a minute; the grader reports the two pids and waits to be killed.
+GRADER = """
+import multiprocessing, os, sys, time
+from multiprocessing import forkserver
+from pathlib import Path
+
+def job(out):
+    from labkit.grading import worker
+    worker._detach(Path(out) / "log")
+    (Path(out) / "worker").write_text(str(os.getpid()))
+    time.sleep(60)
+
+if __name__ == "__main__":
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.Process(target=job, args=(sys.argv[1],)).start()
+    while not (Path(sys.argv[1]) / "worker").exists():
+        time.sleep(0.01)
+    print(forkserver._forkserver._forkserver_pid, flush=True)
+    time.sleep(60)
+"""
+
+
+def test_a_killed_graders_forkserver_and_workers_end_with_it(tmp_path):
+    """multiprocessing gives each forked child the forkserver's "alive" pipe, and the forkserver
+    waits for that pipe's EOF: a worker that kept it kept the forkserver (and so itself) alive
+    after its grader was SIGKILLed (CI: an orphan graded on beside the rerun)."""
+    script = tmp_path / "grader.py"
+    script.write_text(GRADER)
+    grader = subprocess.Popen([sys.executable, str(script), str(tmp_path)], cwd=ROOT, text=True,
+                              stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        forkserver_pid = int(grader.stdout.readline())
+        worker_pid = int((tmp_path / "worker").read_text())
+        assert psutil.Process(worker_pid).ppid() == forkserver_pid
+    finally:
+        grader.kill()
+        grader.wait(timeout=10)
+        grader.stdout.close()
+    try:
+        assert gone(forkserver_pid), "the forkserver outlived its grader"
+        assert gone(worker_pid), "the worker outlived its grader"
+    finally:
+        for pid in (worker_pid, forkserver_pid):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                psutil.Process(pid).kill()

@@ -175,6 +175,22 @@ def grade(job: dict) -> dict:
         shutil.rmtree(sockets, ignore_errors=True)
 
 
+def _let_go_of_forkserver() -> None:
+    """multiprocessing hands every forked child the write end of the forkserver's "alive" pipe,
+    and the forkserver exits only at its EOF: with workers holding it, a SIGKILLed grader's
+    forkserver lived on, so did its workers (their death signal is the forkserver's), grading
+    into --out beside the rerun. Closed here, the grader is its only holder again."""
+    from multiprocessing import forkserver
+
+    fd = getattr(forkserver._forkserver, "_forkserver_alive_fd", None)  # private, 3.4 to 3.13
+    if isinstance(fd, int):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+        forkserver._forkserver._forkserver_alive_fd = None
+
+
 def _detach(log: Path) -> None:
     """Own session, own output file, and death with the forkserver (which dies with the grader)."""
     try:
@@ -189,6 +205,7 @@ def _detach(log: Path) -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     except (OSError, AttributeError):
         pass
+    _let_go_of_forkserver()
     # A forkserver that died between the fork and the line above (its grader killed just as it
     # started this job) sent no signal: this worker would grade on, an orphan, into --out.
     if os.getpid() != _IMPORTED_IN and os.getppid() != _IMPORTED_IN:
