@@ -17,6 +17,7 @@ import multiprocessing.connection
 import os
 import random
 import shutil
+import signal
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -218,10 +219,20 @@ def _start_forkserver(labs_graded: list[str]) -> None:
 def _stop_forkserver() -> None:
     """Stop the forkserver and resource tracker and collect them, so the grader leaves no process
     behind: on their own they exit a moment after the grader, and pass to whoever is above it.
-    (`_stop` is private but present from 3.8 to 3.13; without it they simply exit later.)"""
+    The forkserver is killed rather than asked (it holds nothing to flush, and its warm
+    interpreter took 0.15 s to tear down); the resource tracker is asked, since it may have
+    something to clean. (`_stop` and the fields are private but present from 3.8 to 3.13;
+    without them they simply exit later.)"""
     from multiprocessing import forkserver, resource_tracker
 
-    for helper in (forkserver._forkserver, resource_tracker._resource_tracker):
+    server = forkserver._forkserver
+    pid = getattr(server, "_forkserver_pid", None)
+    if isinstance(pid, int):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    for helper in (server, resource_tracker._resource_tracker):
         try:
             helper._stop()
         except (AttributeError, OSError, ChildProcessError):
