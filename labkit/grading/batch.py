@@ -159,6 +159,17 @@ def make_job(sub: submissions.Submission, batch: Batch, known: dict) -> dict:
             "submitted_at": sub.submitted_at, "revealed": list(sub.revealed) if sub.lab else None}
 
 
+def _order(job: dict) -> tuple:
+    """Malformed files first (they take no time), then the largest notebooks: the more a
+    student solved, the longer the judge runs, and the longest jobs started first leave no
+    long one alone at the end with the other slots idle (LPT scheduling)."""
+    try:
+        size = os.stat(job["path"]).st_size
+    except OSError:
+        size = 0
+    return gradable(job), -size, job["key"]
+
+
 def gradable(job: dict) -> bool:
     """A job for a worker: its lab is known and nothing in its files was refused. (A lab's notebook
     whose side files were refused keeps its lab: its malformed row stands under that lab.)"""
@@ -414,7 +425,7 @@ def _run_locked(found, skipped, batch: Batch, seed: int | None) -> int:
     record.skipped_rows(out, [item for item in skipped if batch.shard.holds(item.student)], batch.sandbox_label)
     todo = [job for job in mine if not already_graded(job, batch, seed)]
     done = len(mine) - len(todo)
-    todo.sort(key=lambda j: (gradable(j), j["key"]))  # malformed files take no time
+    todo.sort(key=_order)
     shard_note = "" if batch.shard == WHOLE else f" (shard {batch.shard}: {len(mine)} of {len(all_jobs)})"
     print(safe(f"grading {len(todo)} notebook(s){shard_note} with {batch.jobs} job(s), seed {batch.seed}, "
                f"sandbox: {batch.sandbox_label}"
