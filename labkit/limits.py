@@ -22,6 +22,11 @@ PROPERTY_WALL_BACKSTOP = 240.0
 # answers in microseconds, and CPU time, unlike the step's clock, hardly moves with the machine's
 # load. Without it such a hang held its child for the whole STEP_TIMEOUT, computing.
 HANG_CASE_CPU_SECONDS = 2
+# CPU seconds the student's module may use while it imports (`probe.budget_import`): top-level
+# code defines functions in milliseconds, and one that computes without end (a loop at the top
+# of a step cell) is ended after this much CPU, whatever the load; the step's clock would let
+# it compute for STEP_TIMEOUT, up to WALL_FACTOR times that on a busy machine, in every child.
+IMPORT_CPU_SECONDS = 2
 # The key of a child's request args that names those cases (`StepContext.cases`).
 CPU_BUDGET_KEY = "cpu_budget"
 # Child processes get this much address space; a memory hog dies with MemoryError.

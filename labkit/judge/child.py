@@ -72,6 +72,11 @@ class ChildRun:
         return any(r.get("event") == "importing" for r in self.records)
 
     @property
+    def importing(self) -> bool:
+        """Whether it was still importing the student's module (it began, and neither ended)."""
+        return self.reached_module and not self.imported and self.import_error is None
+
+    @property
     def failed_to_start(self) -> bool:
         """Ended on its own, before it reached the student's module (`expect.import_problem`)."""
         return not self.timed_out and self.exit_code is not None and not self.reached_module
@@ -403,9 +408,10 @@ def _run_child_once(module: Path, probe: str, args: dict, *, workdir: Path, time
 
 
 def _out_of_cpu(run: ChildRun) -> None:
-    """A child that SIGXCPU ended in a case with a CPU budget hung there, as one the clock
-    stopped would have (bwrap reports a signal as 128 + its number)."""
-    if run.exit_code in (-signal.SIGXCPU, 128 + signal.SIGXCPU) and run.unfinished_case() is not None:
+    """A child that SIGXCPU ended while the student's module imported, or in a case with a CPU
+    budget, hung there, as one the clock stopped would have (`probe.budget_import`,
+    `probe.started`; bwrap reports a signal as 128 + its number)."""
+    if run.exit_code in (-signal.SIGXCPU, 128 + signal.SIGXCPU) and (run.importing or run.unfinished_case() is not None):
         run.timed_out = run.cpu_limit = True
 
 
@@ -661,6 +667,11 @@ class ChildSession:
             self.ended = {"kind": "timed_out", "seconds": timeout}
             return self.ended
         self._wait_for(lambda r: False, time.monotonic())  # keep what it said before dying
+        self.run.exit_code = self.proc.returncode
+        _out_of_cpu(self.run)
+        if self.run.cpu_limit:
+            self.ended = {"kind": "timed_out", "seconds": timeout}
+            return self.ended
         aborted = self.run.aborted
         self.ended = ({"kind": "aborted", "error": aborted} if aborted is not None
                       else died(self.proc.returncode, hit_memory_limit(self.proc)))

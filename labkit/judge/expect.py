@@ -13,7 +13,7 @@ from typing import Any
 
 from labkit.judge.child import ChildRun, died, last_line
 from labkit.judge.verdict import Case, Outcome
-from labkit.limits import CHILD_MEMORY_BYTES, HANG_CASE_CPU_SECONDS
+from labkit.limits import CHILD_MEMORY_BYTES, HANG_CASE_CPU_SECONDS, IMPORT_CPU_SECONDS
 from labkit.values import decode, same, show
 
 TRANSACTION_HINT = ("Do every write between one `BEGIN IMMEDIATE` and one `COMMIT`, and `ROLLBACK` "
@@ -335,13 +335,14 @@ def import_problem(run: ChildRun, timeout: float) -> tuple[str, str, str]:
                 "persists, please report it with the line above.", "")
     if run.timed_out:
         spots = [r for r in run.records if r.get("event") == "importing_at" and isinstance(r.get("line"), int)]
+        within = f"{IMPORT_CPU_SECONDS:g} s of CPU time" if run.cpu_limit else f"{timeout:g} s"
         if not spots:
-            return (f"importing your module did not finish within {timeout:g} s",
+            return (f"importing your module did not finish within {within}",
                     "Code at the top level of a cell runs on import: move experiments out of step cells.", "")
         line, code = spots[-1]["line"], str(spots[-1].get("code", ""))[:200]
         # "line N of worker.py" is turned into the student's cell and line by the kernel
         # (`module_export.in_cell_terms`), which knows which step cell each module line came from.
-        return (f"importing your module did not finish within {timeout:g} s: it was running "
+        return (f"importing your module did not finish within {within}: it was running "
                 f"line {line} of {str(spots[-1].get('file', 'your module'))[:100]}" + (f": `{code}`" if code else ""),
                 "Code at the top level of a step cell runs every time your module is imported: keep loops "
                 "and waits inside functions.", "")

@@ -121,12 +121,25 @@ def started(case: str) -> None:
     a CPU budget runs under a soft RLIMIT_CPU that much past what the child has used (whole
     seconds: the limit's unit), every other case under none."""
     if _cpu_budget:
-        seconds = _cpu_budget.get(case)
-        used = _getrusage(resource.RUSAGE_SELF)
-        soft = resource.RLIM_INFINITY if seconds is None else math.ceil(used.ru_utime + used.ru_stime + seconds)
-        with contextlib.suppress(ValueError, OSError):
-            _setrlimit(resource.RLIMIT_CPU, (soft, _getrlimit(resource.RLIMIT_CPU)[1]))
+        _limit_cpu(_cpu_budget.get(case))
     emit({"event": "start", "case": case})
+
+
+def budget_import(importing: bool) -> None:
+    """While the student's module imports, a soft RLIMIT_CPU `limits.IMPORT_CPU_SECONDS` past
+    what the child has used (SIGXCPU ends it there: `child._out_of_cpu`); none once it is done."""
+    from labkit.limits import IMPORT_CPU_SECONDS
+
+    _limit_cpu(IMPORT_CPU_SECONDS if importing else None)
+
+
+def _limit_cpu(seconds: float | None) -> None:
+    """A soft RLIMIT_CPU `seconds` past what this process has used (whole seconds, the limit's
+    unit), or none."""
+    used = _getrusage(resource.RUSAGE_SELF)
+    soft = resource.RLIM_INFINITY if seconds is None else math.ceil(used.ru_utime + used.ru_stime + seconds)
+    with contextlib.suppress(ValueError, OSError):
+        _setrlimit(resource.RLIMIT_CPU, (soft, _getrlimit(resource.RLIMIT_CPU)[1]))
 
 
 # Taken when the probe is imported, before the student's module is: what `hold` calls cannot be

@@ -111,12 +111,15 @@ def main() -> int:
     probe.budget_cpu(request.get("args", {}).get(CPU_BUDGET_KEY, {}))
     probe.emit({"event": "importing"})
     stop_watching = watch_import(request["module"])
+    probe.budget_import(True)
     try:
         module = load_module(request["module"], request["module_name"])
     except BaseException as exc:  # SyntaxError, SystemExit, KeyboardInterrupt: all are verdicts
+        probe.budget_import(False)
         stop_watching()
         probe.emit({"event": "import_failed", "error": probe.describe_exception(exc)})
         return 3
+    probe.budget_import(False)
     stop_watching()
     probe.emit({"event": "imported"})
     try:
