@@ -18,7 +18,7 @@ PROPERTY_CPU_SECONDS = 2.0
 PROPERTY_SECONDS = 60.0
 PROPERTY_WALL_BACKSTOP = 240.0
 # CPU seconds a case that only a too-slow solution can hang on (`expect.Plan.hang_clause`:
-# backoff(10**9, ...)) may use before its child is ended (SIGXCPU, `probe.started`): a reference
+# backoff(10**9, ...)) may use before its child is ended (SIGPROF, `probe.started`): a reference
 # answers in microseconds, and CPU time, unlike the step's clock, hardly moves with the machine's
 # load. Without it such a hang held its child for the whole STEP_TIMEOUT, computing.
 HANG_CASE_CPU_SECONDS = 2

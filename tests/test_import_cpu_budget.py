@@ -1,5 +1,5 @@
 """Top-level code that computes without end (a loop at the top of a step cell) is ended by the
-import's CPU budget (`limits.IMPORT_CPU_SECONDS`, `probe.budget_import`: a soft RLIMIT_CPU while
+import's CPU budget (`limits.IMPORT_CPU_SECONDS`, `probe.budget_import`: a CPU-time timer while
 the module imports), not held for the step's whole time limit in every child: the verdict names
 the budget and the line, the same on an idle machine and a busy one. A loop that sleeps is still
 ended by the clock, and the budget is gone once the import is done."""

@@ -407,11 +407,16 @@ def _run_child_once(module: Path, probe: str, args: dict, *, workdir: Path, time
     return run
 
 
+# How a CPU budget ends a child (`probe._limit_cpu`'s SIGPROF; SIGXCPU, a CPU rlimit's), as Popen
+# and as bwrap (128 + the signal) report it.
+OUT_OF_CPU = {-signal.SIGPROF, 128 + signal.SIGPROF, -signal.SIGXCPU, 128 + signal.SIGXCPU}
+
+
 def _out_of_cpu(run: ChildRun) -> None:
-    """A child that SIGXCPU ended while the student's module imported, or in a case with a CPU
-    budget, hung there, as one the clock stopped would have (`probe.budget_import`,
-    `probe.started`; bwrap reports a signal as 128 + its number)."""
-    if run.exit_code in (-signal.SIGXCPU, 128 + signal.SIGXCPU) and (run.importing or run.unfinished_case() is not None):
+    """A child that a CPU budget ended while the student's module imported, or in a case with a
+    CPU budget, hung there, as one the clock stopped would have (`probe.budget_import`,
+    `probe.started`)."""
+    if run.exit_code in OUT_OF_CPU and (run.importing or run.unfinished_case() is not None):
         run.timed_out = run.cpu_limit = True
 
 

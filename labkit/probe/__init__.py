@@ -11,9 +11,8 @@ import copy
 import functools
 import importlib
 import json
-import math
 import os
-import resource
+import signal
 import socket
 import sqlite3
 import threading
@@ -36,7 +35,7 @@ _out = None
 _module_file = ""
 _cpu_budget: dict[str, float] = {}  # case → CPU seconds it may use (`budget_cpu`)
 # Taken before the student's module loads, as `_read` below: a patch cannot switch the budget off.
-_getrusage, _setrlimit, _getrlimit = resource.getrusage, resource.setrlimit, resource.getrlimit
+_setitimer = signal.setitimer
 
 
 def attach(fd: int, module_file: str) -> None:
@@ -118,28 +117,29 @@ def budget_cpu(budgets: dict[str, float]) -> None:
 
 def started(case: str) -> None:
     """Announce a case before running it, so a hang or a death can be pinned to it; a case with
-    a CPU budget runs under a soft RLIMIT_CPU that much past what the child has used (whole
-    seconds: the limit's unit), every other case under none."""
+    a CPU budget runs with a CPU-time timer of that many seconds (`_limit_cpu`), every other
+    case with none."""
     if _cpu_budget:
         _limit_cpu(_cpu_budget.get(case))
     emit({"event": "start", "case": case})
 
 
 def budget_import(importing: bool) -> None:
-    """While the student's module imports, a soft RLIMIT_CPU `limits.IMPORT_CPU_SECONDS` past
-    what the child has used (SIGXCPU ends it there: `child._out_of_cpu`); none once it is done."""
+    """While the student's module imports, a CPU-time timer of `limits.IMPORT_CPU_SECONDS`
+    (`_limit_cpu`); none once it is done."""
     from labkit.limits import IMPORT_CPU_SECONDS
 
     _limit_cpu(IMPORT_CPU_SECONDS if importing else None)
 
 
 def _limit_cpu(seconds: float | None) -> None:
-    """A soft RLIMIT_CPU `seconds` past what this process has used (whole seconds, the limit's
-    unit), or none."""
-    used = _getrusage(resource.RUSAGE_SELF)
-    soft = resource.RLIM_INFINITY if seconds is None else math.ceil(used.ru_utime + used.ru_stime + seconds)
+    """SIGPROF (which ends the process: `child._out_of_cpu`) once this process has used `seconds`
+    more of CPU; None disarms it. A timer (ITIMER_PROF), not a soft RLIMIT_CPU: a limit, once
+    set, keeps the kernel's process-wide CPU timer running until the process reaches it, even
+    after it is lifted, and meanwhile `time.process_time` advances by whole ticks: the calls of
+    a property test, a few ms each, measured 0 and its CPU budget never tripped."""
     with contextlib.suppress(ValueError, OSError):
-        _setrlimit(resource.RLIMIT_CPU, (soft, _getrlimit(resource.RLIMIT_CPU)[1]))
+        _setitimer(signal.ITIMER_PROF, seconds or 0)
 
 
 # Taken when the probe is imported, before the student's module is: what `hold` calls cannot be
