@@ -27,8 +27,7 @@ def reference_with(tmp_path: Path, lab: str, tail: str) -> Path:
 
 
 @pytest.mark.parametrize(("lab", "step"), [("outbox", "1"),  # a property test: a child that stays up
-                                           ("outbox", "3"),  # one-shot children
-                                           ("vending", "5")])
+                                           ("outbox", "3")])  # one-shot children
 def test_a_module_that_computes_at_import_is_ended_by_the_import_cpu_budget(tmp_path, monkeypatch, lab, step):
     monkeypatch.setenv(TIMEOUT_ENV, str(STEP_SECONDS))
     module = reference_with(tmp_path, lab, "_n = 0\nwhile True:\n    _n += 1")
@@ -54,9 +53,8 @@ def test_a_module_that_sleeps_at_import_is_still_ended_by_the_clock(tmp_path, mo
 
 def test_the_budget_ends_with_the_import(tmp_path, monkeypatch):
     """A case may compute for longer than the import's budget: the reference, made to burn more
-    CPU than the budget allows (its soft limit is at most a second past it) in the first call of
-    a child, still passes step 1's fixed cases (which share one child; the property test has a
-    CPU budget of its own, `limits.PROPERTY_CPU_SECONDS`)."""
+    CPU than the budget allows in the first call of a child, still passes step 1's fixed cases
+    (which share one child; the property test has a CPU budget of its own)."""
     monkeypatch.setenv(TIMEOUT_ENV, str(STEP_SECONDS))
     module = reference_with(tmp_path, "outbox", f"""
 _validate = validate_event
@@ -64,7 +62,7 @@ _burned = []
 def validate_event(event):
     if not _burned:
         _burned.append(1)
-        _end = __import__("time").process_time() + {IMPORT_CPU_SECONDS + 1.5}
+        _end = __import__("time").process_time() + {IMPORT_CPU_SECONDS + 0.5}
         while __import__("time").process_time() < _end:
             pass
     return _validate(event)""")
