@@ -404,9 +404,8 @@ def warm_unicode_tables() -> Path | None:
     without them, 0.8 s with them.
     """
     os.environ.setdefault(STORAGE_ENV, str(CACHE))
-    made = _tables_stamp()
-    if made is not None and (_shown(_storage()) / STAMP).is_file() \
-            and (_shown(_storage()) / STAMP).read_text() == made:
+    made, stamp = _tables_stamp(), _shown(_storage()) / STAMP
+    if made is not None and stamp.is_file() and stamp.read_text() == made:
         return unicode_tables()  # drawn for this Hypothesis and Unicode: no need to import it (0.07 s)
     from hypothesis import Phase, given, settings
     from hypothesis import strategies as st
@@ -420,7 +419,6 @@ def warm_unicode_tables() -> Path | None:
         draw()
         _show_tables(_storage())
         if made is not None:
-            stamp = _shown(_storage()) / STAMP
             tmp = stamp.with_name(f".{STAMP}.{os.getpid()}")
             tmp.write_text(made)
             tmp.chmod(0o644)
