@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from pathlib import Path
 
@@ -429,33 +430,49 @@ def test_every_url_step_8_refuses_is_refused_by_the_reference_for_the_reason_its
         worker._check_url(fine)
 
 
-def _late_first_answers(monkeypatch, delay: float) -> list[str]:
+def _late_first_answers(monkeypatch, delay: float, where: str) -> list[str]:
     """Make the judge's own listeners answer the first request of each "timeout ... is accepted"
-    case `delay` s late, as a handler thread of a judge on an overloaded machine did in CI.
-    Returns the events it delayed (proof that it fired)."""
+    case `delay` s late, as a handler thread of a judge on an overloaded machine did in CI: before
+    the answer starts, or once its body is ready to go (in CI the head had gone out and the body
+    waited for the GIL). Returns the events it delayed (proof that it fired)."""
     from checks.outbox import replies
 
     delayed: list[str] = []
-    silence = replies._silence
+    silence, frame = replies._silence, replies._frame
+
+    def first_time(event_id: str | None) -> bool:
+        if (event_id or "").startswith("timeout") and event_id not in delayed:
+            delayed.append(event_id)
+            return True
+        return False
 
     def late(conn, seconds, visit, stop):
-        if (visit.event_id or "").startswith("timeout") and visit.event_id not in delayed:
-            delayed.append(visit.event_id)
+        if first_time(visit.event_id):
             time.sleep(delay)
         return silence(conn, seconds, visit, stop)
 
-    monkeypatch.setattr(replies, "_silence", late)
+    def late_body(reply, data):
+        acked = re.match(rb'\{"ack": ?"(timeout[^"]*)"\}$', data)
+        if acked and first_time(acked[1].decode()):
+            time.sleep(delay)
+        return frame(reply, data)
+
+    if where == "before the answer":
+        monkeypatch.setattr(replies, "_silence", late)
+    else:
+        monkeypatch.setattr(replies, "_frame", late_body)
     return delayed
 
 
-def test_a_case_the_judge_itself_kept_waiting_is_run_again(monkeypatch):
+@pytest.mark.parametrize("where", ["before the answer", "before its body"])
+def test_a_case_the_judge_itself_kept_waiting_is_run_again(monkeypatch, where):
     """The judge answers the first request of a case 0.7 s late: past the 0.5 s timeout of "timeout 0.5
     is accepted", whose client then rightly gives up. The judge sees from the kernel's arrival
     stamps that the wait was its own, runs the case again, and the reference passes; with the
     second run turned off the same delay fails it, so the delay does reach the client."""
     from checks.outbox import send
 
-    delayed = _late_first_answers(monkeypatch, 0.7)
+    delayed = _late_first_answers(monkeypatch, 0.7, where)
     verdict = run_lab(labs.load("outbox"), REFERENCE, steps=["8"], seed=1, explain=False).steps[0]
     assert delayed and verdict.passed, failures(verdict)
 
