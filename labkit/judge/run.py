@@ -241,8 +241,7 @@ def _run_step(lab: LabSpec, spec: StepSpec, solution: Path, seed: int, timeout: 
                               hint="This is a bug in the course, not in your code: please report it.")]
     finally:
         ctx.end_early()
-        for marker in ctx.markers:
-            reaper.kill_marked(marker)
+        reaper.kill_all_marked(ctx.markers)
         for folder in [workdir, *ctx.folders]:
             shutil.rmtree(folder, ignore_errors=True)
     if verdict.waiting:
