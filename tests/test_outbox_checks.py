@@ -107,7 +107,7 @@ def test_wrong_solution_fails_its_step(lab, path):
     said = promise(path)
     step = said["step"]
     # A step that does not use the broken function: step 2 (opening the databases, ~0.05 s),
-    # not step 1, whose property test made the control ten times as dear for every file.
+    # not step 1, whose property test made the control five times as dear (CPU) for every file.
     control = "1" if step == "2" else "2"
     steps = step_verdicts("outbox", path, [step, control], SEED)
     assert not steps[step].passed, f"{path.name}: step {step} passed although it is wrong: {said['mistake']}"
