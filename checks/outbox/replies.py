@@ -269,21 +269,15 @@ def _serve(conn: socket.socket, reply: Reply, visit: Visit, stop: threading.Even
         # loaded machine this thread waited for the GIL in between (ci35, then again with the head
         # and body sent apart: "timeout 0.5 is accepted" timed out under one seed while the wait
         # measured stayed under KEPT_WAITING, so no second run). Without a pause they go as one.
-        if not reply.body_delay:
-            sent = _send(conn, _head(reply, len(body)) + _frame(reply, body), visit)
-            visit.ready_at = time.time()
-            if not sent:
+        head = _head(reply, len(body))
+        if reply.body_delay:  # the head, a scripted pause, then the body (a gone client: `finally` stamps it)
+            if not _send(conn, head, visit) or _silence(conn, reply.body_delay, visit, stop):
                 return
-        else:
-            if not _send(conn, _head(reply, len(body)), visit):
-                visit.ready_at = time.time()
-                return
-            if _silence(conn, reply.body_delay, visit, stop):
-                return
-            sent = _send(conn, _frame(reply, body), visit)
-            visit.ready_at = time.time()
-            if not sent:
-                return
+            head = b""
+        sent = _send(conn, head + _frame(reply, body), visit)
+        visit.ready_at = time.time()
+        if not sent:
+            return
         remaining = reply.stream
         while remaining > 0 and not stop.is_set():
             chunk = b" " * min(STREAM_CHUNK, remaining)

@@ -308,7 +308,8 @@ def _kill(proc: subprocess.Popen, marker: str) -> None:
     box's pid namespace, which its box's end empties, and re-parent to the box's init, never
     to us: no search of /proc for its marker (two per child, each a millisecond or more on a
     machine running hundreds of processes)."""
-    boxed = getattr(proc, "_box", None) is not None
+    box = getattr(proc, "_box", None)
+    boxed = box is not None
     forked = set() if boxed else set(reaper.marked_pids(marker)) - {proc.pid}
     reaper.kill_group(proc.pid)
     if proc.poll() is None:
@@ -321,7 +322,6 @@ def _kill(proc: subprocess.Popen, marker: str) -> None:
         proc.wait(timeout=KILL_GRACE)
     except subprocess.TimeoutExpired:
         # Its box closes when its end is seen, and it was not: empty and remove it all the same.
-        box = getattr(proc, "_box", None)
         if box is not None and getattr(box, "active", False):
             box.close(proc)
     if not boxed:
