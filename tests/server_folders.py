@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from labkit.judge import tcp_table
 from labkit.servers.processes import processes_in
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,10 +49,10 @@ NOTHING = {"processes": [], "folder exists": False, "sockets": []}
 
 
 def listening_on(port: int) -> bool:
-    """A TCP socket listening on 127.0.0.1:port, by /proc/net/tcp (state 0A), whoever holds it."""
-    needle = f"0100007F:{port:04X}"
-    with open("/proc/net/tcp") as fh:
-        return any(line.split()[1] == needle and line.split()[3] == "0A" for line in fh.readlines()[1:])
+    """A TCP socket listening on 127.0.0.1:port, whoever holds it (the kernel's table, by netlink)."""
+    rows = tcp_table.connections(socket.AF_INET, 1 << 10)
+    assert rows is not None, "netlink's sock_diag is refused here: the tests read the socket table through it"
+    return any(row.local == ("127.0.0.1", port) for row in rows)
 
 
 def run_as_uid(uid: int, folder: Path, code: str, timeout: float = 120) -> subprocess.CompletedProcess:

@@ -7,12 +7,14 @@ cases (never the child's report). psutil for each process; /proc for the tree (s
 from __future__ import annotations
 
 import os
+import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
 
+from labkit.judge import tcp_table
 from labkit.limits import WALL_FACTOR
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")  # /proc's unit of CPU time
@@ -136,7 +138,19 @@ def held_files(pid: int) -> set[str]:
 
 def held_sockets(pid: int, port: int) -> list[str]:
     """The TCP sockets of process `pid` (and what it started) connected to `port`, as
-    "local → remote (status)"."""
+    "local → remote (status)": the tree's socket inodes (/proc/*/fd), looked up in the kernel's
+    table by netlink (`tcp_table`; psutil, which reads all of /proc/net/tcp*, where refused)."""
+    inodes = tcp_table.held_by(tree_pids(pid))
+    if not inodes:
+        return []
+    tables = [tcp_table.connections(family) for family in (socket.AF_INET, socket.AF_INET6)]
+    if None in tables:
+        return _held_sockets_psutil(pid, port)
+    return [f"{r.local[0]}:{r.local[1]} → {r.remote[0]}:{r.remote[1]} ({r.state})"
+            for rows in tables for r in rows if r.inode in inodes and r.remote[1] == port]
+
+
+def _held_sockets_psutil(pid: int, port: int) -> list[str]:
     found = []
     for proc in process_tree(pid):
         try:

@@ -23,6 +23,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from labkit.judge import tcp_table
+
 MAX_REQUEST = 256 * 1024  # a sighting's request body (an encoded event, at most)
 MAX_HEAD_LINE = 8192
 MAX_HEADERS = 32
@@ -162,8 +164,8 @@ def asker_holds(path) -> int | None:
     """Inside a `look`: how many descriptors the process asking for this sighting holds open on
     the file at `path`, as the kernel lists them (/proc), or None where the judge cannot see them.
 
-    The asker is found from the connection it made: its socket's inode in /proc/net/tcp (the
-    child shares the judge's network), then the process holding that socket."""
+    The asker is found from the connection it made: its socket's inode in the kernel's TCP table
+    (the child shares the judge's network), then the process holding that socket."""
     ends = getattr(_asking, "ends", None)
     try:
         target = os.stat(path)
@@ -189,9 +191,24 @@ def asker_holds(path) -> int | None:
 def _socket_owner(local: tuple, remote: tuple) -> int | None:
     """The pid holding the IPv4 TCP socket connected from `local` to `remote`.
 
-    The table is searched as text (every connection the judge's witness ever answered lingers
-    in it in TIME_WAIT: thousands of rows in a long run), and the processes of the socket's
-    own uid are looked through first, newest first; the rest only when none of them holds it."""
+    The socket is found in the kernel's table (`tcp_table`, by netlink; /proc/net/tcp where
+    that is refused), and the processes of the socket's own uid are looked through first,
+    newest first; the rest only when none of them holds it."""
+    found = tcp_table.owner(local, remote)
+    if found is False:
+        found = _proc_net_tcp_row(local, remote)
+    if not found or not found.inode:
+        return None
+    wanted, uid = f"socket:[{found.inode}]", str(found.uid)
+    me = os.getpid()
+    pids = sorted((int(e) for e in os.listdir("/proc") if e.isdigit() and int(e) != me), reverse=True)
+    mine = [pid for pid in pids if _owner(pid) == uid]
+    rest = set(pids) - set(mine)
+    return next((pid for pid in [*mine, *(p for p in pids if p in rest)] if _holds(pid, wanted)), None)
+
+
+def _proc_net_tcp_row(local: tuple, remote: tuple) -> tcp_table.Row | None:
+    """The same row from /proc/net/tcp's text (every TIME_WAIT row of the machine in it: slow)."""
 
     def hexed(address: tuple) -> str:
         return socket.inet_aton(address[0])[::-1].hex().upper() + f":{address[1]:04X}"
@@ -212,12 +229,7 @@ def _socket_owner(local: tuple, remote: tuple) -> int | None:
     if len(found) != 1:
         return None
     inode, uid = found.pop()
-    wanted = f"socket:[{inode}]"
-    me = os.getpid()
-    pids = sorted((int(e) for e in os.listdir("/proc") if e.isdigit() and int(e) != me), reverse=True)
-    mine = [pid for pid in pids if _owner(pid) == uid]
-    rest = set(pids) - set(mine)
-    return next((pid for pid in [*mine, *(p for p in pids if p in rest)] if _holds(pid, wanted)), None)
+    return tcp_table.Row(local, remote, "", int(uid), int(inode))
 
 
 def _owner(pid: int) -> str | None:
