@@ -20,8 +20,10 @@ PROPERTY_WALL_BACKSTOP = 240.0
 # CPU seconds a case that only a too-slow solution can hang on (`expect.Plan.hang_clause`:
 # backoff(10**9, ...)) may use before its child is ended (SIGPROF, `probe.started`): a reference
 # answers in microseconds, and CPU time, unlike the step's clock, hardly moves with the machine's
-# load. Without it such a hang held its child for the whole STEP_TIMEOUT, computing.
-HANG_CASE_CPU_SECONDS = 2
+# load. Without it such a hang held its child for the whole STEP_TIMEOUT, computing. Half a
+# second is still thousands of times what a right answer needs (2 s was: every student with
+# that bug, and every catalogue run of one, paid it, in CPU the machine shares).
+HANG_CASE_CPU_SECONDS = 0.5
 # CPU seconds the student's module may use while it imports (`probe.budget_import`): top-level
 # code defines functions in milliseconds, and one that computes without end (a loop at the top
 # of a step cell) is ended after this much CPU, whatever the load; the step's clock would let
