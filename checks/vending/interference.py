@@ -10,7 +10,6 @@ lock there, and compares with what the contract allows for that run.
 from __future__ import annotations
 
 import shutil
-import sqlite3
 from pathlib import Path
 
 from labkit.judge.expect import Miss, Plan, describe
@@ -171,15 +170,12 @@ def interrupted_at(record: dict, run: dict, before: dict, shown) -> Miss | None:
                       happened)
 
 
-def observe_sweep(spec: dict, snapshot, can_write) -> dict:
+def observe_sweep(spec: dict, look_after) -> dict:
     """The judge's own look at every copy a sweep used (the store, and its write lock)."""
     seen = []
     for db in spec["dbs"]:
-        try:
-            writable = can_write(Path(db))
-        except sqlite3.DatabaseError:
-            writable = None
-        seen.append({"after": snapshot(Path(db)), "can_write": writable})
+        writable, after = look_after(Path(db))
+        seen.append({"after": after, "can_write": writable})
     return {"sweep": seen}
 
 

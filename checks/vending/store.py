@@ -46,10 +46,15 @@ def snapshot(path: Path) -> dict | None:
     if not Path(path).exists():
         return None
     try:
-        row = stores.rows(path, "SELECT last, total FROM checkpoint WHERE id = 1")
-        ledger = stores.rows(path, "SELECT seq, delta FROM ledger ORDER BY seq")
+        with closing(stores.reader(path)) as con:  # one connection for both reads
+            return _read_state(con)
     except sqlite3.Error:
         return None
+
+
+def _read_state(con: sqlite3.Connection) -> dict | None:
+    row = con.execute("SELECT last, total FROM checkpoint WHERE id = 1").fetchall()
+    ledger = con.execute("SELECT seq, delta FROM ledger ORDER BY seq").fetchall()
     if not row:
         return None
     return {"last": row[0][0], "total": row[0][1], "ledger": [list(r) for r in ledger]}
@@ -131,6 +136,26 @@ def can_write(path: Path, wait: float = 0.05) -> bool:
         return True
 
 
+def look_after(path: Path, wait: float = 0.05) -> tuple[bool | None, dict | None]:
+    """(`can_write`, `snapshot`) on one connection: the judge's BEGIN IMMEDIATE, then, while it
+    holds that lock (nothing can change), its reads; ROLLBACK. A store it cannot lock is read as
+    `snapshot` reads it; one that is not a database at all has None for `can_write`."""
+    try:
+        with closing(stores.connect(path, wait)) as con:
+            try:
+                con.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError:
+                return False, snapshot(path)
+            try:
+                return True, _read_state(con)
+            except sqlite3.Error:
+                return True, None
+            finally:
+                con.execute("ROLLBACK")
+    except sqlite3.DatabaseError:  # not a database, or a file the judge refuses to open
+        return None, snapshot(path)
+
+
 def committed_last(path: Path | None) -> int | None:
     """The cursor saved in `path`, read by the judge's own read-only connection (None if unreadable)."""
     if path is None:
@@ -147,9 +172,5 @@ def observe_store(pid: int, spec: dict) -> dict:
     """After a call on a store: does the child still hold the file open, can the judge write it,
     and what does the judge's own connection read there?"""
     path = Path(spec.get("path") or spec["db"])
-    try:
-        writable = can_write(path)
-    except sqlite3.DatabaseError:  # not a database at all
-        writable = None
-    return {"holds_file": os.path.realpath(path) in held_files(pid), "can_write": writable,
-            "after": snapshot(path)}
+    writable, after = look_after(path)
+    return {"holds_file": os.path.realpath(path) in held_files(pid), "can_write": writable, "after": after}

@@ -17,7 +17,7 @@ import sqlite3
 from pathlib import Path
 
 from checks.vending import interference
-from checks.vending.store import can_write, observe_store, snapshot
+from checks.vending.store import can_write, look_after, observe_store, snapshot
 from labkit.judge.expect import Plan
 from labkit.judge.run import StepContext
 from labkit.judge.served import served
@@ -56,7 +56,7 @@ def served_with_witness(ctx: StepContext, plans: list[Plan], specs: list[dict]) 
         for spec in specs:
             spec["witness"] = witness.url
         return served(ctx, "call", plans, specs, lambda pid, spec: (
-            interference.observe_sweep(spec, snapshot, can_write) if spec.get("kind") == "sweep"
+            interference.observe_sweep(spec, look_after) if spec.get("kind") == "sweep"
             else {**observe_store(pid, spec), "faults": faults_seen(witness, spec["name"])}))
 
 
