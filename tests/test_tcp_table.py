@@ -48,7 +48,7 @@ def test_owner_finds_each_end_with_its_inode_and_uid(listener):
     with client, accepted:
         for sock in (client, accepted):
             row = tcp_table.owner(sock.getsockname(), sock.getpeername())
-            assert row, row
+            assert row is not None
             assert (row.inode, row.uid, row.state) == (os.fstat(sock.fileno()).st_ino, os.geteuid(), "ESTABLISHED")
             assert row.inode == witness._proc_net_tcp_row(sock.getsockname(), sock.getpeername()).inode
     assert tcp_table.owner(("127.0.0.1", 1), ("127.0.0.1", 2)) is None
@@ -63,7 +63,7 @@ def test_a_dump_leaves_out_time_wait_rows_and_keeps_every_held_one(listener):
     client, accepted = pair(listener)
     with client, accepted:
         rows = tcp_table.connections()
-        assert rows is not None and all(r.state != "TIME_WAIT" for r in rows)
+        assert all(r.state != "TIME_WAIT" for r in rows)
         mine = {r.inode for r in rows} & {os.fstat(s.fileno()).st_ino for s in (client, accepted, listener)}
         assert len(mine) == 3  # both ends and the listening socket
 
@@ -121,9 +121,12 @@ def test_the_witness_finds_the_process_holding_the_connection(monkeypatch, liste
     try:
         assert child.stdout.readline().strip() == "connected"
         ends = [listener.accept()[0] for _ in range(2)]
-        assert (tcp_table.owner(ends[0].getsockname(), ends[0].getpeername()) is False) == (netlink == "refused")
+        if netlink == "refused":
+            with pytest.raises(tcp_table.Unavailable):
+                tcp_table.owner(ends[0].getsockname(), ends[0].getpeername())
         # the child's end of each connection: from its local address to the listener
         assert [witness._socket_owner(e.getpeername(), e.getsockname()) for e in ends] == [child.pid] * 2
+        assert len(processes.held_sockets(child.pid, port)) == 2
         for end in ends:
             end.close()
     finally:

@@ -143,8 +143,9 @@ def held_sockets(pid: int, port: int) -> list[str]:
     inodes = tcp_table.held_by(tree_pids(pid))
     if not inodes:
         return []
-    tables = [tcp_table.connections(family) for family in (socket.AF_INET, socket.AF_INET6)]
-    if None in tables:
+    try:
+        tables = [tcp_table.connections(family) for family in (socket.AF_INET, socket.AF_INET6)]
+    except tcp_table.Unavailable:
         return _held_sockets_psutil(pid, port)
     return [f"{r.local[0]}:{r.local[1]} → {r.remote[0]}:{r.remote[1]} ({r.state})"
             for rows in tables for r in rows if r.inode in inodes and r.remote[1] == port]

@@ -6,8 +6,9 @@ costs the kernel ~80 ms of formatting (psutil's per-process `net_connections` re
 parses it in Python). NETLINK_SOCK_DIAG answers an exact four-tuple from the kernel's hash table
 (`owner`), or dumps only the states asked for (`connections`), skipping TIME_WAIT rows unformatted.
 
-Where netlink is refused (a seccomp profile or a kernel without sock_diag), both answer None and
-the caller reads /proc as before. Only the caller's own network namespace is seen, as with /proc.
+Where netlink is refused (a seccomp profile or a kernel without sock_diag), both raise
+`Unavailable` and the caller reads /proc as before. Only the caller's own network namespace is
+seen, as with /proc.
 """
 
 from __future__ import annotations
@@ -34,6 +35,10 @@ RECEIVE_BYTES = 1 << 16
 TIMEOUT = 2.0  # s: the kernel answers in microseconds; this only bounds a wait that cannot happen
 
 
+class Unavailable(OSError):
+    """The kernel's socket table cannot be asked by netlink here."""
+
+
 @dataclass(frozen=True)
 class Row:
     local: tuple[str, int]
@@ -43,21 +48,16 @@ class Row:
     inode: int
 
 
-def owner(local: tuple[str, int], remote: tuple[str, int]) -> Row | None | bool:
-    """The IPv4 TCP socket connected from `local` to `remote` (None: no such socket; False:
-    netlink is refused here, read /proc instead)."""
-    request = _request(socket.AF_INET, 0xFFFFFFFF, local, remote, dump=False)
-    rows = _ask(request)
-    if rows is None:
-        return False
+def owner(local: tuple[str, int], remote: tuple[str, int]) -> Row | None:
+    """The IPv4 TCP socket connected from `local` to `remote`, or None when there is none."""
+    rows = _ask(_request(socket.AF_INET, 0xFFFFFFFF, local, remote, dump=False), dump=False)
     return rows[0] if len(rows) == 1 else None
 
 
-def connections(family: int = socket.AF_INET, states: int = HELD_STATES) -> list[Row] | None:
-    """Every TCP socket of `family` in one of `states` (a bit mask, 1 << state), or None where
-    netlink is refused."""
-    return _ask(_request(family, states, ("0.0.0.0" if family == socket.AF_INET else "::", 0),
-                         ("0.0.0.0" if family == socket.AF_INET else "::", 0), dump=True))
+def connections(family: int = socket.AF_INET, states: int = HELD_STATES) -> list[Row]:
+    """Every TCP socket of `family` in one of `states` (a bit mask, 1 << state)."""
+    anywhere = ("0.0.0.0" if family == socket.AF_INET else "::", 0)
+    return _ask(_request(family, states, anywhere, anywhere, dump=True), dump=True)
 
 
 def held_by(pids) -> dict[int, int]:
@@ -90,36 +90,36 @@ def _address(family: int, ip: str) -> bytes:
     return socket.inet_pton(family, ip).ljust(16, b"\0")
 
 
-def _ask(request: bytes) -> list[Row] | None:
+def _ask(request: bytes, *, dump: bool) -> list[Row]:
     try:
         sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, NETLINK_SOCK_DIAG)
-    except OSError:
-        return None
+    except OSError as exc:
+        raise Unavailable(exc.errno, f"netlink's sock_diag: {exc.strerror}") from exc
     rows: list[Row] = []
     try:
         sock.settimeout(TIMEOUT)
         sock.sendall(request)
-        dump = bool(struct.unpack_from("=H", request, 6)[0] & NLM_F_DUMP)
         while True:
             data = sock.recv(RECEIVE_BYTES)
             at = 0
             while at + HEADER.size <= len(data):
                 length, kind, _flags, _seq, _port = HEADER.unpack_from(data, at)
-                if length < HEADER.size:
-                    return rows
-                if kind == NLMSG_DONE:
+                if length < HEADER.size or kind == NLMSG_DONE:
                     return rows
                 if kind == NLMSG_ERROR:
                     code = -struct.unpack_from("=i", data, at + HEADER.size)[0]
-                    # ENOENT: no such socket; anything else (EPERM, EINVAL...): the table cannot be asked.
-                    return rows if code in (0, errno.ENOENT) else None
+                    if code in (0, errno.ENOENT):  # ENOENT: no such socket
+                        return rows
+                    raise Unavailable(code, f"netlink's sock_diag: {os.strerror(code)}")
                 if kind == SOCK_DIAG_BY_FAMILY:
                     rows.append(_row(data, at + HEADER.size))
                 at += (length + 3) & ~3
             if not dump:
                 return rows
-    except OSError:
-        return None
+    except Unavailable:
+        raise
+    except OSError as exc:
+        raise Unavailable(exc.errno, f"netlink's sock_diag: {exc}") from exc
     finally:
         sock.close()
 

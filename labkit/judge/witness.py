@@ -194,10 +194,11 @@ def _socket_owner(local: tuple, remote: tuple) -> int | None:
     The socket is found in the kernel's table (`tcp_table`, by netlink; /proc/net/tcp where
     that is refused), and the processes of the socket's own uid are looked through first,
     newest first; the rest only when none of them holds it."""
-    found = tcp_table.owner(local, remote)
-    if found is False:
+    try:
+        found = tcp_table.owner(local, remote)
+    except tcp_table.Unavailable:
         found = _proc_net_tcp_row(local, remote)
-    if not found or not found.inode:
+    if found is None or not found.inode:
         return None
     wanted, uid = f"socket:[{found.inode}]", str(found.uid)
     me = os.getpid()
