@@ -1,3 +1,4 @@
+import gc
 import os
 import shutil
 import sys
@@ -145,6 +146,14 @@ def pytest_collection_modifyitems(config, items):
         return (1, single_place[id(item)] if stem in SPREAD else place[item.path], "")
 
     items.sort(key=rank)
+
+
+def pytest_collection_finish(session):
+    """What collection imported lives as long as the worker: frozen out of the collector's
+    sight, a full collection no longer walks it (measured over the outbox catalogue's runs:
+    each worker's gen-2 time 1.6-1.8 -> 0.6-1.0 CPU-s in 106 s)."""
+    gc.collect()
+    gc.freeze()
 
 
 @pytest.hookimpl(optionalhook=True)
