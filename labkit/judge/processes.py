@@ -1,7 +1,8 @@
 """What a child process and everything it started are doing right now, read by the judge itself.
 
 CPU time used, files held open, TCP sockets held: the judge's own view of a child between two
-cases (never the child's report). psutil for each process; /proc for the tree (see child_pids).
+cases (never the child's report). psutil for each process; /proc for the tree (see child_pids);
+the kernel's TCP table by netlink for sockets (`tcp_table`).
 """
 
 from __future__ import annotations
