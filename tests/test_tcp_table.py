@@ -118,18 +118,19 @@ def test_the_witness_finds_the_process_holding_the_connection(monkeypatch, liste
     timewait(listener, 20)
     host, port = listener.getsockname()
     child = subprocess.Popen([sys.executable, "-c", CONNECT, host, str(port)], stdout=subprocess.PIPE, text=True)
+    ends = []
     try:
         assert child.stdout.readline().strip() == "connected"
-        ends = [listener.accept()[0] for _ in range(2)]
+        ends += [listener.accept()[0] for _ in range(2)]
         if netlink == "refused":
             with pytest.raises(tcp_table.Unavailable):
                 tcp_table.owner(ends[0].getsockname(), ends[0].getpeername())
         # the child's end of each connection: from its local address to the listener
         assert [witness._socket_owner(e.getpeername(), e.getsockname()) for e in ends] == [child.pid] * 2
         assert len(processes.held_sockets(child.pid, port)) == 2
+    finally:
         for end in ends:
             end.close()
-    finally:
         child.kill()
         child.wait(timeout=10)
         child.stdout.close()
