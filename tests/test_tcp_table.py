@@ -87,18 +87,19 @@ def test_held_sockets_reads_as_psutil_did(host):
         server.listen()
         port = server.getsockname()[1]
         child = subprocess.Popen([sys.executable, "-c", CONNECT, host, str(port)], stdout=subprocess.PIPE, text=True)
+        ends = []
         try:
             assert child.stdout.readline().strip() == "connected"
-            first, _ = server.accept()
-            second, _ = server.accept()
-            first.close()  # the child's end of it: CLOSE_WAIT
+            ends += [server.accept()[0] for _ in range(2)]
+            ends[0].close()  # the child's end of it: CLOSE_WAIT
             time.sleep(0.2)
             seen = processes.held_sockets(child.pid, port)
             assert sorted(seen) == sorted(processes._held_sockets_psutil(child.pid, port))
             assert sorted(s.rsplit(" ", 1)[1] for s in seen) == ["(CLOSE_WAIT)", "(ESTABLISHED)"], seen
             assert processes.held_sockets(child.pid, port + 1 if port < 65535 else port - 1) == []
-            second.close()
         finally:
+            for end in ends:
+                end.close()
             child.kill()
             child.wait(timeout=10)
             child.stdout.close()
