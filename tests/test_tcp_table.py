@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from contextlib import contextmanager
 
 import pytest
 
@@ -76,6 +77,25 @@ CONNECT = textwrap.dedent("""
 """)
 
 
+@contextmanager
+def child_connected(server: socket.socket):
+    """A child holding two connections to `server`: yields (child, the two accepted ends);
+    every end and the child are gone afterwards, on every path."""
+    host, port = server.getsockname()[:2]
+    child = subprocess.Popen([sys.executable, "-c", CONNECT, host, str(port)], stdout=subprocess.PIPE, text=True)
+    ends = []
+    try:
+        assert child.stdout.readline().strip() == "connected"
+        ends += [server.accept()[0] for _ in range(2)]
+        yield child, ends
+    finally:
+        for end in ends:
+            end.close()
+        child.kill()
+        child.wait(timeout=10)
+        child.stdout.close()
+
+
 @pytest.mark.parametrize("host", ["127.0.0.1", "::1"])
 def test_held_sockets_reads_as_psutil_did(host):
     family = socket.AF_INET if "." in host else socket.AF_INET6
@@ -86,23 +106,13 @@ def test_held_sockets_reads_as_psutil_did(host):
             pytest.fail(f"{host} is not usable here: {exc}")
         server.listen()
         port = server.getsockname()[1]
-        child = subprocess.Popen([sys.executable, "-c", CONNECT, host, str(port)], stdout=subprocess.PIPE, text=True)
-        ends = []
-        try:
-            assert child.stdout.readline().strip() == "connected"
-            ends += [server.accept()[0] for _ in range(2)]
+        with child_connected(server) as (child, ends):
             ends[0].close()  # the child's end of it: CLOSE_WAIT
             time.sleep(0.2)
             seen = processes.held_sockets(child.pid, port)
             assert sorted(seen) == sorted(processes._held_sockets_psutil(child.pid, port))
             assert sorted(s.rsplit(" ", 1)[1] for s in seen) == ["(CLOSE_WAIT)", "(ESTABLISHED)"], seen
             assert processes.held_sockets(child.pid, port + 1 if port < 65535 else port - 1) == []
-        finally:
-            for end in ends:
-                end.close()
-            child.kill()
-            child.wait(timeout=10)
-            child.stdout.close()
 
 
 @pytest.mark.parametrize("netlink", ["asked", "refused"])
@@ -117,21 +127,11 @@ def test_the_witness_finds_the_process_holding_the_connection(monkeypatch, liste
 
         monkeypatch.setattr(socket, "socket", no_netlink)
     timewait(listener, 20)
-    host, port = listener.getsockname()
-    child = subprocess.Popen([sys.executable, "-c", CONNECT, host, str(port)], stdout=subprocess.PIPE, text=True)
-    ends = []
-    try:
-        assert child.stdout.readline().strip() == "connected"
-        ends += [listener.accept()[0] for _ in range(2)]
+    port = listener.getsockname()[1]
+    with child_connected(listener) as (child, ends):
         if netlink == "refused":
             with pytest.raises(tcp_table.Unavailable):
                 tcp_table.owner(ends[0].getsockname(), ends[0].getpeername())
         # the child's end of each connection: from its local address to the listener
         assert [witness._socket_owner(e.getpeername(), e.getsockname()) for e in ends] == [child.pid] * 2
         assert len(processes.held_sockets(child.pid, port)) == 2
-    finally:
-        for end in ends:
-            end.close()
-        child.kill()
-        child.wait(timeout=10)
-        child.stdout.close()
