@@ -223,22 +223,13 @@ def test_property_tests_in_parallel_threads_give_the_serial_verdicts(tmp_path):
 
 GENERATE = """
 import sys
-from hypothesis import Phase, Verbosity, given, seed, settings, strategies as st
+from hypothesis import strategies as st
+from labkit.judge.differential import _no_local_constants, drawn
 if sys.argv[1] == "patched":
-    from labkit.judge.differential import _no_local_constants
     _no_local_constants()
 if sys.argv[2] == "more":
     import extra_constants  # one more local module, full of constants
-drawn = []
-
-
-def keep(value):
-    drawn.append(value)
-
-
-settings(database=None, max_examples=300, verbosity=Verbosity.quiet, phases=(Phase.generate,))(
-    seed(5)(given(st.integers(-10**6, 10**6))(keep)))()
-print(drawn)
+print([args for args, _choices in drawn(st.tuples(st.integers(-10**6, 10**6)), 5, 300)])
 """
 
 

@@ -1,9 +1,10 @@
 """Differential property tests: the student's pure function against an oracle, on generated inputs.
 
-Hypothesis runs in the judge and draws argument tuples from a lab's strategy; each example is
-answered by the student's function in ONE child that stays up (`child.child_session`, ~0.2 ms
-a call) and by the oracle the lab passes in (its `checks/<lab>/oracle.py`, never visible to the
-child). On the first disagreement Hypothesis shrinks the input, and the step gets ONE failing case:
+The judge draws argument tuples from a lab's Hypothesis strategy (`drawn`: Hypothesis' own
+provider, without its engine); each example is answered by the student's function in ONE child
+that stays up (`child.child_session`, ~0.3 ms a call) and by the oracle the lab passes in (its
+`checks/<lab>/oracle.py`, never visible to the child). On the first disagreement Hypothesis'
+engine shrinks the input, starting from the choices that drew it, and the step gets ONE failing case:
 `called` is the shrunk call, `expected` the oracle's outcome, `got` the student's, and `hint`
 and `clauses` come from the lab's `clause_of(*shrunk_args)`. Agreement on every example gives
 one passing case tagged with `clauses`.
@@ -21,8 +22,9 @@ tuple != list), or both raise and the student's exception is-a the oracle's clas
 as `expect.raises` matches). With `unchanged="4.no-mutation"`, a call that modifies its
 arguments disagrees too, attributed to that clause.
 
-Determinism: Hypothesis is seeded from the verdict seed, the step and the function name
-(`hypothesis.seed`), uses no database, no deadline, no timing health check, no constants from
+Determinism: the drawing and Hypothesis' shrinking are seeded from the verdict seed, the step and
+the function name (`hypothesis.seed`); Hypothesis uses no database of its own (only an in-memory
+one that hands it the input to shrink), no deadline, no timing health check, no constants from
 whatever local modules happen to be loaded (`_no_local_constants`), stops at the first bug,
 and the count of examples (`examples`) and of calls while shrinking (`shrink_calls`) are
 bounded, so the same module and seed give the same verdict and the same counterexample. Every
@@ -53,11 +55,12 @@ import copy
 import hashlib
 import json
 import os
+import random
 import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -195,15 +198,26 @@ def differential(
             if finding is not None:
                 raise _Disagree(finding)
 
-        test = settings(
-            database=None, max_examples=examples, deadline=None, derandomize=False,
-            phases=(Phase.explicit, Phase.generate, Phase.shrink), report_multiple_bugs=False,
-            suppress_health_check=(HealthCheck.too_slow,), verbosity=Verbosity.quiet, print_blob=False,
-        )(seed(_seed(ctx, fn))(given(strategy)(agrees)))
+        def shrink(choices: tuple) -> Callable[[], None]:
+            """Hypothesis' test of `agrees`, starting from the drawn input `choices`: it replays
+            them (its database's reuse phase), then shrinks. They are saved as a *secondary*
+            example: one in the primary corpus counts as shrunk already, and is not shrunk."""
+            from hypothesis.database import InMemoryExampleDatabase, choices_to_bytes
+
+            database = InMemoryExampleDatabase()
+            test = settings(
+                database=database, max_examples=examples, deadline=None, derandomize=False,
+                phases=(Phase.reuse, Phase.shrink), report_multiple_bugs=False,
+                suppress_health_check=(HealthCheck.too_slow,), verbosity=Verbosity.quiet, print_blob=False,
+            )(seed(_seed(ctx, fn))(given(strategy)(agrees)))
+            test._hypothesis_internal_database_key = SHRINK_KEY  # where the reuse phase looks
+            database.save(SHRINK_KEY + b".secondary", choices_to_bytes(choices))
+            return test
+
         if not session.imported:
             finding = stop = None
         else:
-            finding, stop = _run(test)
+            finding, stop = _run(lambda: _search(strategy, _seed(ctx, fn), examples, answer, shrink))
     if not session.run.imported:
         got, hint, trace = expect.import_problem(session.run, ctx.timeout)
         return [Case(name, Outcome.IMPORT_FAILED, f"import {ctx.lab.module_name}", "the module loads",
@@ -265,8 +279,60 @@ def _runners() -> ThreadPoolExecutor:
         return _RUNNERS[1]
 
 
-def _run(test: Callable[[], None]) -> tuple[Finding | None, _Stop | None]:
-    return _runners().submit(_run_here, test).result()
+def _run(search: Callable[[], tuple[Finding | None, _Stop | None]]) -> tuple[Finding | None, _Stop | None]:
+    return _runners().submit(search).result()
+
+
+def _search(strategy: SearchStrategy, seed_value: int, examples: int, answer: Callable[[tuple], Finding | None],
+            shrink: Callable[[tuple], Callable[[], None]]) -> tuple[Finding | None, _Stop | None]:
+    """Ask `answer` about drawn inputs until one disagrees, then let Hypothesis shrink that one.
+
+    The inputs are drawn directly from the strategy with Hypothesis' own provider (`drawn`), not
+    by its engine: the engine's bookkeeping (mutating earlier inputs, a tree of every choice)
+    cost ~4x the drawing itself, ~0.1 s of the judge's CPU per test, on the path of every
+    check. Shrinking, where that machinery pays, still runs in the engine, from the drawn choices."""
+    try:
+        for args, choices in drawn(strategy, seed_value, examples):
+            finding = answer(args)
+            if finding is not None and finding.ends:
+                raise _Stop(finding)
+            if finding is not None:
+                shrunk, stop = _run_here(shrink(choices))
+                return (shrunk or (None if stop is not None else finding)), stop
+    except _Stop as stop:
+        return None, stop
+    return None, None
+
+
+# Draws per wanted input: a strategy with few distinct values (a small range) draws repeats,
+# which are answered from the cache and not counted; this bounds the drawing.
+DRAW_ATTEMPTS = 3
+SHRINK_KEY = b"labkit-differential"
+
+
+def drawn(strategy: SearchStrategy, seed_value: int, examples: int) -> Iterator[tuple[tuple, tuple]]:
+    """Up to `examples` distinct argument tuples drawn from `strategy` (with the choices that made
+    each), the same ones for the same seed: a fresh `ConjectureData` per input, its provider
+    driven by one `random.Random(seed_value)`, each draw in a build context as `given`'s are."""
+    from hypothesis.control import BuildContext
+    from hypothesis.errors import StopTest, UnsatisfiedAssumption
+    from hypothesis.internal.conjecture.data import ConjectureData
+
+    rng, seen = random.Random(seed_value), set()
+    for _ in range(examples * DRAW_ATTEMPTS):
+        if len(seen) >= examples:
+            return
+        data = ConjectureData(random=rng)
+        try:
+            with BuildContext(data, is_final=False, wrapped_test=drawn):
+                args = data.draw(strategy)
+        except (StopTest, UnsatisfiedAssumption):  # too large, or filtered out: draw again
+            continue
+        key = json.dumps([encode(a) for a in args])
+        if key in seen:
+            continue
+        seen.add(key)
+        yield args, tuple(data.choices)
 
 
 def _run_here(test: Callable[[], None]) -> tuple[Finding | None, _Stop | None]:
