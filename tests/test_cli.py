@@ -144,8 +144,9 @@ def test_same_seed_same_cases_and_verdicts(reference_run):
 
 
 def test_another_seed_other_cases(reference_run):
-    other = verdict_of(labkit("check", "outbox", "--solution", REFERENCE, "--seed", 8, "--json", "--step", 1))
-    mine = steps_of(verdict_of(reference_run))["1"]["cases"]
+    """Step 3's cases call with seeded ids, sku and quantities: the same cases, other values."""
+    other = verdict_of(labkit("check", "outbox", "--solution", REFERENCE, "--seed", 8, "--json", "--step", 3))
+    mine = steps_of(verdict_of(reference_run))["3"]["cases"]
     theirs = other["steps"][0]["cases"]
     assert [c["name"] for c in theirs] == [c["name"] for c in mine]
     assert [c.get("called") for c in theirs] != [c.get("called") for c in mine]
