@@ -122,6 +122,25 @@ def test_an_unexpected_exception_is_reported_with_the_students_traceback(tmp_pat
     assert "toy.py" in case.trace and case.clauses == ("1.digits",)
 
 
+def test_drawn_inputs_are_distinct_follow_the_seed_and_stop_when_the_strategy_runs_out():
+    """`drawn` is what the property test asks the child about: `examples` distinct tuples, the
+    same for the same seed, others for another; a strategy with fewer values gives all it has
+    (after a bounded number of draws), and a filter that refuses a draw costs a draw, not the test."""
+    from hypothesis import strategies as st
+
+    from labkit.judge.differential import _no_local_constants, drawn
+
+    _no_local_constants()
+    numbers = st.tuples(st.integers(-10**6, 10**6))
+    first = [args for args, _ in drawn(numbers, 1, 150)]
+    assert len(first) == 150 and len(set(first)) == 150
+    assert first == [args for args, _ in drawn(numbers, 1, 150)]
+    assert first != [args for args, _ in drawn(numbers, 2, 150)]
+    assert sorted(args for args, _ in drawn(st.tuples(st.booleans()), 1, 150)) == [(False,), (True,)]
+    odd = [args for args, _ in drawn(st.tuples(st.integers(0, 99).filter(lambda n: n % 2)), 1, 20)]
+    assert len(odd) == 20 and all(n % 2 for (n,) in odd)
+
+
 @pytest.mark.parametrize("seed", [1, 2, 3, 4, 5])
 def test_the_same_seed_gives_the_same_verdict_and_counterexample(tmp_path, seed):
     path = student(tmp_path, **{"not text.isdigit()": "not text.strip('+').isdigit()"})
