@@ -305,7 +305,7 @@ def _search(strategy: SearchStrategy, seed_value: int, examples: int, answer: Ca
 
 
 # Draws per wanted input: a strategy with few distinct values (a small range) draws repeats,
-# which are answered from the cache and not counted; this bounds the drawing.
+# which are dropped; this bounds the drawing (the engine stopped when it had seen every value).
 DRAW_ATTEMPTS = 3
 SHRINK_KEY = b"labkit-differential"
 
