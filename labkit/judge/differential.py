@@ -165,8 +165,7 @@ def differential(
                        started=started, module_name=ctx.lab.module_name, lab=ctx.lab.package) as session:
 
         def answer(args: tuple) -> Finding | None:
-            encoded = [encode(a) for a in args]
-            key = json.dumps(encoded)
+            encoded, key = _encoded(args)
             if key in answers:
                 return answers[key]
             if dropped is not None and dropped.is_set():
@@ -294,14 +293,23 @@ def _search(strategy: SearchStrategy, seed_value: int, examples: int, answer: Ca
     try:
         for args, choices in drawn(strategy, seed_value, examples):
             finding = answer(args)
-            if finding is not None and finding.ends:
-                raise _Stop(finding)
-            if finding is not None:
-                shrunk, stop = _run_here(shrink(choices))
-                return (shrunk or (None if stop is not None else finding)), stop
-    except _Stop as stop:
+            if finding is None:
+                continue
+            if finding.ends:
+                return None, _Stop(finding)
+            shrunk, stop = _run_here(shrink(choices))
+            if shrunk is None and stop is None:  # the engine did not reproduce it: the drawn input stands
+                shrunk = finding
+            return shrunk, stop
+    except _Stop as stop:  # a budget ran out (`answer`)
         return None, stop
     return None, None
+
+
+def _encoded(args: tuple) -> tuple[list, str]:
+    """The arguments as they cross the pipe, and as one string: what answers are cached and draws told apart by."""
+    encoded = [encode(a) for a in args]
+    return encoded, json.dumps(encoded)
 
 
 # Draws per wanted input: a strategy with few distinct values (a small range) draws repeats,
@@ -328,7 +336,7 @@ def drawn(strategy: SearchStrategy, seed_value: int, examples: int) -> Iterator[
                 args = data.draw(strategy)
         except (StopTest, UnsatisfiedAssumption):  # too large, or filtered out: draw again
             continue
-        key = json.dumps([encode(a) for a in args])
+        _, key = _encoded(args)
         if key in seen:
             continue
         seen.add(key)
