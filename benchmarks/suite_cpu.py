@@ -1,0 +1,173 @@
+"""Where the test suite's CPU goes: CPU time per test and per module, not only wall time.
+
+    python benchmarks/suite_cpu.py [--top 30] [--out FILE.jsonl] [-- PYTEST ARGS...]
+
+CI's time on two cores is the suite's CPU (three xdist workers keep both cores busy), and
+pytest's `--durations` shows wall time only: a test that waits out a timeout looks as costly
+as one that computes. This runs pytest (the README's command, or the arguments after `--`)
+with itself as a plugin: each xdist worker moves into a cgroup of its own (cgroup v1
+`cpuacct`) and reads the group's CPU before and after each test (set-up, call and tear-down),
+so everything the test starts counts — sandboxes, servers, browsers, graders — even after it
+is re-parented. Where no cpuacct hierarchy can be written, each worker's own and waited-for
+children's CPU is read instead (`getrusage`), which misses what outlives its parent: the
+report says which one it used.
+
+Prints the totals (with the machine's busy CPU over the same run, from /proc/stat, to show
+what the groups did not see: kernel threads, the controller), CPU and wall per module, and the
+`--top` tests by CPU. `--out` keeps every test's row (JSON lines) for comparing two runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CPUACCT = Path("/sys/fs/cgroup/cpuacct")
+ROWS_ENV = "LABKIT_SUITE_CPU_ROWS"  # the folder each process writes its rows to
+OUTSIDE = "(outside tests: collection, session fixtures, start-up and end)"
+
+
+# --- the plugin: runs in every pytest process (controller and xdist workers) -------------------
+
+class _Meter:
+    """CPU seconds of this process and everything it starts: its own cpuacct group, else rusage."""
+
+    def __init__(self, name: str) -> None:
+        self.group: Path | None = None
+        try:
+            group = CPUACCT / f"labkit-suite-cpu-{os.getpid()}-{name}"
+            group.mkdir()
+            (group / "cgroup.procs").write_text(str(os.getpid()))
+            self.group = group
+        except OSError:
+            self.group = None
+        self.method = "cpuacct" if self.group else "rusage"
+        self.at_start = self.read()
+
+    def read(self) -> float:
+        if self.group is not None:
+            return int((self.group / "cpuacct.usage").read_text()) / 1e9
+        own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+    def close(self) -> None:
+        """Back to the parent group; the group goes once nothing is left in it."""
+        if self.group is None:
+            return
+        try:
+            (self.group.parent / "cgroup.procs").write_text(str(os.getpid()))
+            self.group.rmdir()
+        except OSError:
+            pass  # a process the suite left running is still in it: the leftover tests report those
+
+
+_meter: _Meter | None = None
+_rows = None
+
+
+def pytest_configure(config) -> None:
+    global _meter, _rows
+    folder = os.environ.get(ROWS_ENV)
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    distributed = getattr(config.option, "numprocesses", None) not in (None, 0)
+    if not folder or (distributed and worker is None):
+        return  # the xdist controller runs no test
+    _meter = _Meter(worker or "main")
+    _rows = open(Path(folder) / f"{worker or 'main'}.jsonl", "w", encoding="utf-8")
+
+
+def pytest_unconfigure(config) -> None:
+    if _meter is not None:
+        _rows.write(json.dumps({"id": OUTSIDE, "cpu": round(_meter.read() - _meter.at_start, 3), "wall": 0.0,
+                                "method": _meter.method, "whole": True}) + "\n")
+        _rows.close()
+        _meter.close()
+
+
+import pytest  # noqa: E402  (the runner below needs none of it, the plugin all of it)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    if _meter is None:
+        yield
+        return
+    cpu, wall = _meter.read(), time.monotonic()
+    yield
+    _rows.write(json.dumps({"id": item.nodeid, "cpu": round(_meter.read() - cpu, 3),
+                            "wall": round(time.monotonic() - wall, 3), "method": _meter.method}) + "\n")
+    _rows.flush()
+
+
+# --- the runner ----------------------------------------------------------------------------------
+
+def _busy() -> float:
+    """The machine's busy CPU seconds so far (every state but idle and iowait)."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def outside_tests(rows: list[dict]) -> list[dict]:
+    """One process's rows, its whole-life row made what it spent outside its tests."""
+    tests = [r for r in rows if not r.get("whole")]
+    return tests + [{"id": r["id"], "cpu": round(r["cpu"] - sum(t["cpu"] for t in tests), 3), "wall": 0.0,
+                     "method": r["method"]} for r in rows if r.get("whole")]
+
+
+def summarize(rows: list[dict], top: int) -> list[str]:
+    modules: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0])
+    for row in rows:
+        figures = modules[row["id"].split("::", 1)[0]]
+        figures[0] += row["cpu"]
+        figures[1] += row["wall"]
+        figures[2] += 1
+    total = sum(r["cpu"] for r in rows) or 1.0
+    lines = [f"{'CPU s':>8s} {'share':>6s} {'wall s':>8s} {'rows':>6s}  module (rows: tests, or pytest processes)"]
+    for name, (cpu, wall, count) in sorted(modules.items(), key=lambda kv: -kv[1][0]):
+        lines.append(f"{cpu:8.1f} {100 * cpu / total:5.1f}% {wall:8.1f} {count:6d}  {name}")
+    lines += ["", f"the {top} tests that took the most CPU (set-up, call and tear-down together):",
+              f"{'CPU s':>8s} {'wall s':>8s}  test"]
+    for row in sorted((r for r in rows if r["id"] != OUTSIDE), key=lambda r: -r["cpu"])[:top]:
+        lines.append(f"{row['cpu']:8.1f} {row['wall']:8.1f}  {row['id']}")
+    return lines
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--top", type=int, default=30)
+    parser.add_argument("--out", type=Path, help="keep every test's row here (JSON lines)")
+    parser.add_argument("pytest_args", nargs="*", help="after --: pytest's arguments (default: the README's run)")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="labkit-suite-cpu-") as folder:
+        env = {**os.environ, ROWS_ENV: folder,
+               "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "benchmarks"), os.environ.get("PYTHONPATH")]))}
+        busy, started = _busy(), time.monotonic()
+        code = subprocess.call([sys.executable, "-m", "pytest", "-p", "suite_cpu", *args.pytest_args], cwd=ROOT, env=env)
+        busy, wall = _busy() - busy, time.monotonic() - started
+        rows = [row for path in sorted(Path(folder).glob("*.jsonl"))
+                for row in outside_tests([json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()])]
+    if len(rows) <= sum(1 for r in rows if r["id"] == OUTSIDE):
+        print(f"pytest exited with {code} and no test was measured", file=sys.stderr)
+        return code or 1
+    if args.out:
+        args.out.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    measured = sum(r["cpu"] for r in rows)
+    methods = sorted({r["method"] for r in rows})
+    print(f"\npytest exited with {code}: {len(rows)} tests, {wall:.0f} s wall; CPU measured per test "
+          f"({', '.join(methods)}): {measured:.0f} s; the machine was busy {busy:.0f} CPU-s "
+          f"({100 * measured / max(busy, 1e-9):.0f} % of it measured), {os.cpu_count()} cores\n")
+    print("\n".join(summarize(rows, args.top)))
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
