@@ -77,12 +77,13 @@ _rows = None
 def pytest_configure(config) -> None:
     global _meter, _rows
     folder = os.environ.get(ROWS_ENV)
-    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    workerinput = getattr(config, "workerinput", None)  # only an xdist worker has it
     distributed = getattr(config.option, "numprocesses", None) not in (None, 0)
-    if not folder or (distributed and worker is None):
+    if not folder or (distributed and workerinput is None):
         return  # the xdist controller runs no test
-    _meter = _Meter(worker or "main")
-    _rows = open(Path(folder) / f"{worker or 'main'}.jsonl", "w", encoding="utf-8")
+    name = workerinput["workerid"] if workerinput else "main"
+    _meter = _Meter(name)
+    _rows = open(Path(folder) / f"{name}-{os.getpid()}.jsonl", "x", encoding="utf-8")
 
 
 def pytest_unconfigure(config) -> None:
@@ -148,7 +149,8 @@ def main() -> int:
     parser.add_argument("pytest_args", nargs="*", help="after --: pytest's arguments (default: the README's run)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="labkit-suite-cpu-") as folder:
-        env = {**os.environ, ROWS_ENV: folder,
+        # not an xdist worker's variables (this may run inside one): the run is a session of its own
+        env = {**{k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST_")}, ROWS_ENV: folder,
                "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "benchmarks"), os.environ.get("PYTHONPATH")]))}
         busy, started = _busy(), time.monotonic()
         code = subprocess.call([sys.executable, "-m", "pytest", "-p", "suite_cpu", *args.pytest_args], cwd=ROOT, env=env)
