@@ -30,9 +30,12 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 CPUACCT = Path("/sys/fs/cgroup/cpuacct")
 ROWS_ENV = "LABKIT_SUITE_CPU_ROWS"  # the folder each process writes its rows to
+GROUP_PREFIX = "labkit-suite-cpu-"  # then the run's folder name, the worker, its pid
 OUTSIDE = "(outside tests: collection, session fixtures, start-up and end)"
 
 
@@ -41,10 +44,10 @@ OUTSIDE = "(outside tests: collection, session fixtures, start-up and end)"
 class _Meter:
     """CPU seconds of this process and everything it starts: its own cpuacct group, else rusage."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, run: str, name: str) -> None:
         self.group: Path | None = None
         try:
-            group = CPUACCT / f"labkit-suite-cpu-{os.getpid()}-{name}"
+            group = CPUACCT / f"{GROUP_PREFIX}{run}-{name}-{os.getpid()}"
             group.mkdir()
             (group / "cgroup.procs").write_text(str(os.getpid()))
             self.group = group
@@ -60,14 +63,14 @@ class _Meter:
         return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
     def close(self) -> None:
-        """Back to the parent group; the group goes once nothing is left in it."""
+        """Back to the parent group, which this leaves to the runner to remove (`remove_groups`):
+        what the worker started may still be ending."""
         if self.group is None:
             return
         try:
             (self.group.parent / "cgroup.procs").write_text(str(os.getpid()))
-            self.group.rmdir()
         except OSError:
-            pass  # a process the suite left running is still in it: the leftover tests report those
+            pass
 
 
 _meter: _Meter | None = None
@@ -82,7 +85,7 @@ def pytest_configure(config) -> None:
     if not folder or (distributed and workerinput is None):
         return  # the xdist controller runs no test
     name = workerinput["workerid"] if workerinput else "main"
-    _meter = _Meter(name)
+    _meter = _Meter(Path(folder).name, name)
     _rows = open(Path(folder) / f"{name}-{os.getpid()}.jsonl", "x", encoding="utf-8")
 
 
@@ -92,9 +95,6 @@ def pytest_unconfigure(config) -> None:
                                 "method": _meter.method, "whole": True}) + "\n")
         _rows.close()
         _meter.close()
-
-
-import pytest  # noqa: E402  (the runner below needs none of it, the plugin all of it)
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -122,6 +122,23 @@ def outside_tests(rows: list[dict]) -> list[dict]:
     tests = [r for r in rows if not r.get("whole")]
     return tests + [{"id": r["id"], "cpu": round(r["cpu"] - sum(t["cpu"] for t in tests), 3), "wall": 0.0,
                      "method": r["method"]} for r in rows if r.get("whole")]
+
+
+def remove_groups(run: str, wait: float = 10.0) -> list[str]:
+    """Remove the run's cgroups once empty (bounded); what is left, with the pids still in it."""
+    deadline = time.monotonic() + wait
+    left = sorted(CPUACCT.glob(f"{GROUP_PREFIX}{run}-*"))
+    while left:
+        for group in list(left):
+            try:
+                group.rmdir()
+                left.remove(group)
+            except OSError:
+                pass
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    return [f"{g.name}: pids {' '.join((g / 'cgroup.procs').read_text().split())}" for g in left if g.exists()]
 
 
 def summarize(rows: list[dict], top: int) -> list[str]:
@@ -155,6 +172,8 @@ def main() -> int:
         busy, started = _busy(), time.monotonic()
         code = subprocess.call([sys.executable, "-m", "pytest", "-p", "suite_cpu", *args.pytest_args], cwd=ROOT, env=env)
         busy, wall = _busy() - busy, time.monotonic() - started
+        for group in remove_groups(Path(folder).name):
+            print(f"left running after pytest ended, its cgroup kept: {group}", file=sys.stderr)
         rows = [row for path in sorted(Path(folder).glob("*.jsonl"))
                 for row in outside_tests([json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()])]
     if len(rows) <= sum(1 for r in rows if r["id"] == OUTSIDE):

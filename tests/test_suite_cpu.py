@@ -1,5 +1,6 @@
 """benchmarks/suite_cpu.py: a test's CPU is what it and everything it started computed — a
-sleeping test costs none, and a process that outlives its parent still counts."""
+sleeping test costs none, and a process that outlives its parent still counts — and the run
+leaves no cgroup behind."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SUITE_CPU = ROOT / "benchmarks" / "suite_cpu.py"
+CPUACCT = Path("/sys/fs/cgroup/cpuacct")
 
 TESTS = textwrap.dedent('''
     import os, subprocess, sys, time
@@ -41,6 +43,7 @@ TESTS = textwrap.dedent('''
 
 @pytest.mark.parametrize("workers", ["0", "2"])
 def test_cpu_follows_the_work_not_the_clock(tmp_path, workers):
+    groups_before = set(CPUACCT.glob("labkit-suite-cpu-*"))
     (tmp_path / "test_work.py").write_text(TESTS)
     rows = tmp_path / "rows.jsonl"
     proc = subprocess.run([sys.executable, str(SUITE_CPU), "--out", str(rows), "--",
@@ -56,3 +59,4 @@ def test_cpu_follows_the_work_not_the_clock(tmp_path, workers):
     else:  # where no cgroup can be written the report says so, and CI must not be such a place
         assert method == "rusage" and not os.environ.get("CI"), method
     assert "test_burns_in_a_child" in proc.stdout and "module" in proc.stdout
+    assert set(CPUACCT.glob("labkit-suite-cpu-*")) <= groups_before, "the run's cgroups were left behind"
