@@ -55,6 +55,7 @@ class _Meter:
             self.group = None
         self.method = "cpuacct" if self.group else "rusage"
         self.at_start = self.read()
+        self.in_tests = 0.0
 
     def read(self) -> float:
         if self.group is not None:
@@ -91,8 +92,8 @@ def pytest_configure(config) -> None:
 
 def pytest_unconfigure(config) -> None:
     if _meter is not None:
-        _rows.write(json.dumps({"id": OUTSIDE, "cpu": round(_meter.read() - _meter.at_start, 3), "wall": 0.0,
-                                "method": _meter.method, "whole": True}) + "\n")
+        outside = _meter.read() - _meter.at_start - _meter.in_tests
+        _rows.write(json.dumps({"id": OUTSIDE, "cpu": round(outside, 3), "wall": 0.0, "method": _meter.method}) + "\n")
         _rows.close()
         _meter.close()
 
@@ -104,25 +105,14 @@ def pytest_runtest_protocol(item, nextitem):
         return
     cpu, wall = _meter.read(), time.monotonic()
     yield
-    _rows.write(json.dumps({"id": item.nodeid, "cpu": round(_meter.read() - cpu, 3),
+    cpu = _meter.read() - cpu
+    _meter.in_tests += cpu
+    _rows.write(json.dumps({"id": item.nodeid, "cpu": round(cpu, 3),
                             "wall": round(time.monotonic() - wall, 3), "method": _meter.method}) + "\n")
     _rows.flush()
 
 
 # --- the runner ----------------------------------------------------------------------------------
-
-def _busy() -> float:
-    """The machine's busy CPU seconds so far (every state but idle and iowait)."""
-    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
-
-
-def outside_tests(rows: list[dict]) -> list[dict]:
-    """One process's rows, its whole-life row made what it spent outside its tests."""
-    tests = [r for r in rows if not r.get("whole")]
-    return tests + [{"id": r["id"], "cpu": round(r["cpu"] - sum(t["cpu"] for t in tests), 3), "wall": 0.0,
-                     "method": r["method"]} for r in rows if r.get("whole")]
-
 
 def remove_groups(run: str, wait: float = 10.0) -> list[str]:
     """Remove the run's cgroups once empty (bounded); what is left, with the pids still in it."""
@@ -165,25 +155,29 @@ def main() -> int:
     parser.add_argument("--out", type=Path, help="keep every test's row here (JSON lines)")
     parser.add_argument("pytest_args", nargs="*", help="after --: pytest's arguments (default: the README's run)")
     args = parser.parse_args()
+    # beside this file: the machine's busy CPU seconds, from /proc/stat
+    from crowded_machine import machine_cpu
+
     with tempfile.TemporaryDirectory(prefix="labkit-suite-cpu-") as folder:
         # not an xdist worker's variables (this may run inside one): the run is a session of its own
         env = {**{k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST_")}, ROWS_ENV: folder,
                "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "benchmarks"), os.environ.get("PYTHONPATH")]))}
-        busy, started = _busy(), time.monotonic()
+        busy, started = machine_cpu(), time.monotonic()
         code = subprocess.call([sys.executable, "-m", "pytest", "-p", "suite_cpu", *args.pytest_args], cwd=ROOT, env=env)
-        busy, wall = _busy() - busy, time.monotonic() - started
+        busy, wall = machine_cpu() - busy, time.monotonic() - started
         for group in remove_groups(Path(folder).name):
             print(f"left running after pytest ended, its cgroup kept: {group}", file=sys.stderr)
-        rows = [row for path in sorted(Path(folder).glob("*.jsonl"))
-                for row in outside_tests([json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()])]
-    if len(rows) <= sum(1 for r in rows if r["id"] == OUTSIDE):
+        rows = [json.loads(line) for path in sorted(Path(folder).glob("*.jsonl"))
+                for line in path.read_text(encoding="utf-8").splitlines()]
+    tests = sum(1 for r in rows if r["id"] != OUTSIDE)
+    if not tests:
         print(f"pytest exited with {code} and no test was measured", file=sys.stderr)
         return code or 1
     if args.out:
         args.out.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     measured = sum(r["cpu"] for r in rows)
     methods = sorted({r["method"] for r in rows})
-    print(f"\npytest exited with {code}: {len(rows)} tests, {wall:.0f} s wall; CPU measured per test "
+    print(f"\npytest exited with {code}: {tests} tests, {wall:.0f} s wall; CPU measured per test "
           f"({', '.join(methods)}): {measured:.0f} s; the machine was busy {busy:.0f} CPU-s "
           f"({100 * measured / max(busy, 1e-9):.0f} % of it measured), {os.cpu_count()} cores\n")
     print("\n".join(summarize(rows, args.top)))
