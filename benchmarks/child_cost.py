@@ -5,7 +5,8 @@ Every check starts children, and a step's verdict costs little more than its chi
 by running just that layer N times in this process's children (`RUSAGE_CHILDREN`):
 
 - the sandbox's tools alone (`sh`, `setpriv`, `prlimit` on /bin/true), and a whole box around
-  /bin/true (cgroup made and removed, bubblewrap's namespaces and mounts): the sandbox's part;
+  /bin/true (cgroup made and removed, bubblewrap's namespaces and mounts): the sandbox's part,
+  and the same box with every course file a bind of its own (before `course_view`);
 - the interpreter alone (`python -P -c pass`, and with `-S`: what `site` costs);
 - the interpreter with the child's code (`labkit.probe.main`), then with each lab's probes and
   the imports of its reference solution: what a child of that lab loads before any case runs;
@@ -40,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 from labkit import labs, sandbox  # noqa: E402
 from labkit.judge.child import run_child  # noqa: E402
 from labkit.limits import step_timeout  # noqa: E402
-from labkit.sandbox import profiles, zygote  # noqa: E402
+from labkit.sandbox import course_view, profiles, zygote  # noqa: E402
 
 _spawn = zygote.spawn
 
@@ -120,6 +121,20 @@ def boxed_true(workdir: Path) -> Callable[[], None]:
     return once
 
 
+def file_by_file(once: Callable[[], None]) -> Callable[[], None]:
+    """`once` with the course's files bound one by one, not through views (`course_view`)."""
+
+    def unviewed() -> None:
+        real = course_view.collapse
+        course_view.collapse = lambda read_only: (list(read_only), [])
+        try:
+            once()
+        finally:
+            course_view.collapse = real
+
+    return unviewed
+
+
 def child_of(lab: str, workdir: Path, forked: bool) -> Callable[[], None]:
     module = ROOT / "solutions" / labs.manifest(lab).module_file
     spec = labs.load(lab)
@@ -160,6 +175,7 @@ def main() -> None:
     try:
         if sandbox.enabled():
             rows.append(("a sandbox around /bin/true", boxed_true(workdir)))
+            rows.append(("  the same, each course file bound alone", file_by_file(boxed_true(workdir))))
         for lab in chosen:
             rows.append((f"{lab}: a whole judged child started fresh", child_of(lab, workdir, forked=False)))
             if sandbox.enabled():

@@ -43,7 +43,7 @@ from labkit.grading.submissions import NotANotebook, read_capped, read_notebook,
 from labkit.judge.verdict import LabVerdict
 from labkit.limits import RUN_MARKER
 from labkit.notebook.module_export import assemble, parts_from_notebook
-from labkit.sandbox import reaper, zygote
+from labkit.sandbox import course_view, reaper, zygote
 
 PR_SET_PDEATHSIG = 1
 # The process this module was imported in: the forkserver, whose forks are the workers.
@@ -227,5 +227,6 @@ def entry(job: dict, log: str) -> None:
         grade(job)
     finally:
         reaper.collect_zombies()  # the sandboxes' dead that re-parented to this worker
+        course_view.remove()  # the forkserver ends this process by os._exit: no atexit
     sys.stdout.flush()
     sys.stderr.flush()

@@ -26,6 +26,7 @@ import os
 import shutil
 from pathlib import Path
 
+from labkit.sandbox import course_view
 from labkit.sandbox.policy import SYSTEM_DIRS, SYSTEM_FILES, SYSTEM_LINKS, Policy
 
 # Joins every cgroup named before `--`, then execs the rest. Exit 125: could not join.
@@ -112,8 +113,11 @@ def command(policy: Policy, argv: list[str], *, cgroup_procs: tuple[Path, ...] =
         args += ["--setenv", key, value]
     args += ["--tmpfs", "/", *_system_mounts()]
     covered = set(SYSTEM_DIRS) | {n for n in SYSTEM_LINKS if os.path.isdir(n)}
-    binds = [(str(p), False) for p in policy.read_only] + [(str(p), True) for p in policy.writable]
+    read_only, views = course_view.collapse(policy.read_only)
+    binds = [(str(p), False) for p in read_only] + [(str(p), True) for p in policy.writable]
+    binds += [(str(dest), False) for _view, dest in views]
     binds.sort(key=lambda b: (b[0].count("/"), b[0]))
+    source = {str(dest): str(view) for view, dest in views}
     args += ["--proc", "/proc", "--dev", "/dev"]
     for path in MASKED_PROC:
         if os.path.exists(path):
@@ -129,7 +133,7 @@ def command(policy: Policy, argv: list[str], *, cgroup_procs: tuple[Path, ...] =
         if path in bound_fds:
             args += ["--bind-fd" if rw else "--ro-bind-fd", str(bound_fds[path]), path]
         else:
-            args += ["--bind" if rw else "--ro-bind", path, path]
+            args += ["--bind" if rw else "--ro-bind", source.get(path, path), path]
     for path, size in policy.scratch:
         args += ["--perms", "1777", "--size", str(size), "--tmpfs", path]
     inside = [dest for _host, dest in policy.mapped if dest not in outside]

@@ -27,6 +27,7 @@ import uuid
 from pathlib import Path
 
 from labkit import limits
+from labkit.sandbox import course_view
 from labkit.sandbox.policy import MiB, Policy
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -204,9 +205,12 @@ def judge_box(uid: int, *, module: Path, tmp: str, env: dict[str, str], tables: 
     and lock their SQLite files, and they cannot see it (a nested pid namespace, seccomp).
     Every step's folder is made under its private /tmp (`tmp`), so what children write there
     is capped by that tmpfs and counted in the job's memory, and goes with the box. `tables`:
-    the grader's Hypothesis Unicode tables, read-only (`differential.warm_unicode_tables`).
+    the grader's Hypothesis Unicode tables, read-only (`differential.warm_unicode_tables`). It
+    also sees, read-only, this process's views of the course (`course_view.place`): the course
+    files it may read anyway, copied for its children's boxes.
     """
     shown = [tables.resolve()] if tables is not None else []
+    shown.append(course_view.place())  # the folder of views its children's boxes bind (course_view.py)
     return Policy(
         uid=uid, gid=uid,
         read_only=tuple(dict.fromkeys([*runtime(), ROOT / "labkit", ROOT / "checks", Path(module).resolve(),
