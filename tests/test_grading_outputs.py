@@ -338,6 +338,32 @@ def test_cap_outputs_is_a_guarantee_on_the_written_file():
         assert "the grader cut" in cell.outputs[-1]["text"]
 
 
+_TEXT = st.text(alphabet=st.sampled_from(list('a"\\\n\r\t\x00\x1f é€😀<>&')) | st.characters(), max_size=60)
+_JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | _TEXT,
+                     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_TEXT, inner, max_size=4),
+                     max_leaves=12)
+_OUTPUT = st.one_of(
+    st.builds(lambda name, text: nbformat.v4.new_output("stream", name=name, text=text),
+              st.sampled_from(["stdout", "stderr"]), _TEXT),
+    st.builds(lambda data, meta: nbformat.v4.new_output("display_data", data=data, metadata=meta),
+              st.dictionaries(st.sampled_from(["text/plain", "text/html", "image/png", "application/json"]),
+                              _TEXT, min_size=1), st.dictionaries(_TEXT, _JSON, max_size=3)),
+    st.builds(lambda ename, evalue, tb: nbformat.v4.new_output("error", ename=ename, evalue=evalue, traceback=tb),
+              _TEXT, _TEXT, st.lists(_TEXT, max_size=5)),
+)
+
+
+@settings(max_examples=120, deadline=None)
+@given(st.lists(st.lists(_OUTPUT, max_size=4), min_size=1, max_size=4))
+def test_the_output_estimate_is_from_above_on_the_written_file(outputs):
+    """`cap_outputs` skips writing the notebook when the estimate fits: it must never be below the file."""
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_markdown_cell("# lesson\n" * 3)]
+    nb.cells += [nbformat.v4.new_code_cell(f"cell {i}", outputs=outs) for i, outs in enumerate(outputs)]
+    estimate = sum(execute.output_size(out) for cell in nb.cells if cell.cell_type == "code" for out in cell.outputs)
+    assert execute.outputs_bytes(nb, set()) <= estimate
+
+
 def test_csv_cells_from_the_old_rule_are_still_quoted():
     for cell in ["=1+2", "+SUM(A1)", "-2+3", "@cmd", "\tx", "\rx"]:
         assert gradebook.defuse(cell) == "'" + cell
