@@ -208,7 +208,7 @@ def _start_templates(labs_graded: list[str]) -> dict:
     from labkit.judge.child import site_packages
     from labkit.sandbox import zygote
 
-    starts = {"judges": judge_box.start_template, "kernels": kernel_box.start_template}
+    starts = {"judges": functools.partial(judge_box.start_template, labs_graded), "kernels": kernel_box.start_template}
     for package in ["", *(labs.manifest(lab).package for lab in labs_graded)]:
         env = zygote.child_env(package or None, site_packages())
         starts[f"child:{package}"] = functools.partial(zygote.start_template, env)
