@@ -141,6 +141,28 @@ def test_drawn_inputs_are_distinct_follow_the_seed_and_stop_when_the_strategy_ru
     assert len(odd) == 20 and all(n % 2 for (n,) in odd)
 
 
+def test_remembered_inputs_are_the_drawn_ones_kept_as_far_as_a_search_went_and_copied(monkeypatch):
+    """A later search of the same test and seed gets what drawing again would give, from the kept
+    draws; a search that stopped early drew only that far; a change to a given input stays its own."""
+    from hypothesis import strategies as st
+
+    from labkit.judge.differential import _no_local_constants, drawn, remembered
+
+    _no_local_constants()
+    monkeypatch.setattr(differential_module, "_DRAWN", {})
+    logs = st.tuples(st.lists(st.integers(0, 10**6), min_size=1, max_size=5))
+    expected = list(drawn(logs, 3, 40))
+    first = remembered(logs, 3, 40, ("toy", "sums"))
+    early = [next(first) for _ in range(5)]
+    kept = differential_module._DRAWN[(3, 40, ("toy", "sums"))]
+    assert len(kept.made) == 5 and early == expected[:5]
+    early[0][0][0].append("changed by a caller")
+    with ThreadPoolExecutor(3) as pool:
+        again = list(pool.map(lambda _: list(remembered(logs, 3, 40, ("toy", "sums"))), range(3)))
+    assert again == [expected] * 3
+    assert list(remembered(logs, 4, 40, ("toy", "sums"))) == list(drawn(logs, 4, 40))  # another seed: drawn
+
+
 @pytest.mark.parametrize("seed", [1, 2, 3, 4, 5])
 def test_the_same_seed_gives_the_same_verdict_and_counterexample(tmp_path, seed):
     path = student(tmp_path, **{"not text.isdigit()": "not text.strip('+').isdigit()"})

@@ -62,7 +62,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -216,7 +216,8 @@ def differential(
         if not session.imported:
             finding = stop = None
         else:
-            finding, stop = _run(lambda: _search(strategy, _seed(ctx, fn), examples, answer, shrink))
+            finding, stop = _run(lambda: _search(strategy, _seed(ctx, fn), examples, answer, shrink,
+                                                 drawn_as=(ctx.lab.name, name)))
     if not session.run.imported:
         got, hint, trace = expect.import_problem(session.run, ctx.timeout)
         return [Case(name, Outcome.IMPORT_FAILED, f"import {ctx.lab.module_name}", "the module loads",
@@ -283,7 +284,7 @@ def _run(search: Callable[[], tuple[Finding | None, _Stop | None]]) -> tuple[Fin
 
 
 def _search(strategy: SearchStrategy, seed_value: int, examples: int, answer: Callable[[tuple], Finding | None],
-            shrink: Callable[[tuple], Callable[[], None]]) -> tuple[Finding | None, _Stop | None]:
+            shrink: Callable[[tuple], Callable[[], None]], drawn_as: tuple) -> tuple[Finding | None, _Stop | None]:
     """Ask `answer` about drawn inputs until one disagrees, then let Hypothesis shrink that one.
 
     The inputs are drawn directly from the strategy with Hypothesis' own provider (`drawn`), not
@@ -291,7 +292,7 @@ def _search(strategy: SearchStrategy, seed_value: int, examples: int, answer: Ca
     cost ~4x the drawing itself, ~0.1 s of the judge's CPU per test, on the path of every
     check. Shrinking, where that machinery pays, still runs in the engine, from the drawn choices."""
     try:
-        for args, choices in drawn(strategy, seed_value, examples):
+        for args, choices in remembered(strategy, seed_value, examples, drawn_as):
             finding = answer(args)
             if finding is None:
                 continue
@@ -316,6 +317,53 @@ def _encoded(args: tuple) -> tuple[list, str]:
 # which are dropped; this bounds the drawing (the engine stopped when it had seen every value).
 DRAW_ATTEMPTS = 3
 SHRINK_KEY = b"labkit-differential"
+
+
+@dataclass
+class _Draws:
+    """The inputs drawn so far for one (seed, strategy, count), and the draw that goes on."""
+
+    source: Iterator[tuple[tuple, tuple]]
+    made: list[tuple[tuple, tuple]] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+# Draws kept for the next run of the same step at the same seed in this process (the tests judge
+# each wrong solution at the same five seeds; a draw set is 35-60 ms of CPU). The same seed gives
+# the same inputs, so a kept input is the one drawing again would give; filled as far as a
+# search went, never further (a search that stops at its first input drew one).
+_DRAWN: dict[tuple, _Draws] = {}
+_DRAWN_LOCK = threading.Lock()
+MAX_DRAWN = 64
+
+
+def remembered(strategy: SearchStrategy, seed_value: int, examples: int, name: tuple) -> Iterator[tuple[tuple, tuple]]:
+    """`drawn`, from what an earlier search drew where it can: the same `name` (the lab and the
+    test, whose strategy its code builds the same way every time; its repr, ~15 ms, is not the
+    key) and seed. Each input is a copy: the oracle or the comparison must not change a kept one."""
+    key = (seed_value, examples, name)
+    with _DRAWN_LOCK:
+        draws = _DRAWN.get(key)
+        if draws is None:
+            if len(_DRAWN) >= MAX_DRAWN:
+                _DRAWN.pop(next(iter(_DRAWN)))
+            draws = _DRAWN[key] = _Draws(drawn(strategy, seed_value, examples))
+    index = 0
+    while True:
+        with draws.lock:
+            if index == len(draws.made):
+                try:
+                    found = next(draws.source, None)
+                except BaseException:  # a strategy that raised: never kept as a short set of inputs
+                    with _DRAWN_LOCK:
+                        _DRAWN.pop(key, None)
+                    raise
+                if found is None:
+                    return
+                draws.made.append(found)
+            args, choices = draws.made[index]
+        index += 1
+        yield copy.deepcopy(args), choices
 
 
 def drawn(strategy: SearchStrategy, seed_value: int, examples: int) -> Iterator[tuple[tuple, tuple]]:
