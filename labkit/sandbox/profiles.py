@@ -77,7 +77,7 @@ def _code(relative: tuple[str, ...] | list[str]) -> list[Path]:
 def _probe_modules(package: str | None = None) -> list[Path]:
     """The child-side probes (a manifest's `probes`, with the package's `__init__`) of the lab
     `package` ("checks.outbox"), or of every lab when it is None or no lab's; never the
-    judge-side checks. One lab's are half a dozen files: each is a bind mount (~0.2 ms apiece)."""
+    judge-side checks. One lab's are half a dozen files, shown through a view (`course_view`)."""
     from labkit import labs
 
     found = []
