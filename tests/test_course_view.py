@@ -121,6 +121,12 @@ def test_the_same_files_share_a_view_and_a_changed_file_gets_a_new_one(course):
     assert (first[1][0] / "a.py").read_text() == "A = 1\n"  # a box still starting from the old one keeps it
 
 
+def test_a_folder_shown_whole_keeps_its_files_and_is_bound_as_it_is(course):
+    files = [course / "labkit", course / "labkit" / "a.py", course / "checks" / "b.py"]
+    kept, views = course_view.collapse(files)
+    assert kept == files[:2] and [dest for _, dest in views] == [course / "checks"]
+
+
 def test_a_link_in_the_course_is_bound_as_before_never_copied(course, tmp_path):
     secret = tmp_path / "secret.txt"
     secret.write_text("not the course's")

@@ -6,8 +6,9 @@
 - bubblewrap runs as root *without* a user namespace, so it can mount as real root: new pid,
   ipc, uts, mount (and network) namespaces, a tmpfs root holding only the listed host paths,
   private /tmp and /dev/shm. The course's files it lists are shown through one bind per
-  course folder, from a view holding exactly those files (`course_view.py`). `--die-with-parent` and the pid namespace mean that when bwrap
-  goes, everything started inside goes too: nothing outlives its sandbox.
+  course folder, from a view holding exactly those files (`course_view.py`).
+  `--die-with-parent` and the pid namespace mean that when bwrap goes, everything started
+  inside goes too: nothing outlives its sandbox.
 - setpriv then becomes a real unprivileged host uid with no capabilities, no supplementary
   groups and `no_new_privs` (a user namespace that merely maps root would keep root's file
   access; this does not).

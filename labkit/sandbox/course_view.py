@@ -45,9 +45,12 @@ _maker = os.getpid()
 def collapse(read_only: Iterable[Path]) -> tuple[list[Path], list[tuple[Path, Path]]]:
     """(the paths still bound one by one, [(view folder, course folder)]) for a box's read-only
     paths: every path inside one of the course's `FOLDERS` is shown through a view instead."""
+    paths = [Path(p) for p in read_only]
+    whole = {path.name for path in paths if path.parent == ROOT}  # a folder shown whole is bound as it is
     keep, inside = [], []
-    for path in map(Path, read_only):
-        (inside if _folder_of(path) is not None else keep).append(path)
+    for path in paths:
+        top = _folder_of(path)
+        (inside if top is not None and top not in whole else keep).append(path)
     if not inside:
         return keep, []
     view = _view(inside)
