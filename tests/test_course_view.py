@@ -127,6 +127,19 @@ def test_a_folder_shown_whole_keeps_its_files_and_is_bound_as_it_is(course):
     assert kept == files[:2] and [dest for _, dest in views] == [course / "checks"]
 
 
+def test_where_no_view_can_be_made_the_files_are_bound_one_by_one(course, tmp_path, monkeypatch):
+    full = tmp_path / "full"
+    full.mkdir()
+    full.chmod(0o500)  # as a /dev/shm with no room: mkdir fails
+    monkeypatch.setattr(course_view.scratch, "fast_place", lambda: full)
+    monkeypatch.setattr(course_view, "_place", None)
+    files = [course / "labkit" / "a.py", course / "checks" / "b.py"]
+    if os.geteuid() == 0:  # root writes through 0500: make mkdir fail another way
+        monkeypatch.setattr(Path, "mkdir", lambda *a, **k: (_ for _ in ()).throw(OSError(28, "No space left")))
+    assert course_view.place() is None
+    assert course_view.collapse(files) == (files, [])
+
+
 def test_a_link_in_the_course_is_bound_as_before_never_copied(course, tmp_path):
     secret = tmp_path / "secret.txt"
     secret.write_text("not the course's")

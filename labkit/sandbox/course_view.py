@@ -59,17 +59,22 @@ def collapse(read_only: Iterable[Path]) -> tuple[list[Path], list[tuple[Path, Pa
     return keep, [(view / top, ROOT / top) for top in sorted({_folder_of(p) for p in inside})]
 
 
-def place() -> Path:
-    """This process's folder of views (made now if need be): a judge's box shows it read-only at
-    the same path, so the boxes the launcher makes in the judge's namespaces find their views."""
+def place() -> Path | None:
+    """This process's folder of views (made now if need be), None where none can be made (the
+    files are then bound one by one): a judge's box shows it read-only at the same path, so the
+    boxes the launcher makes in the judge's namespaces find their views."""
     global _place
     with _lock:
         if _place is None or not _place.is_dir():
             base = scratch.fast_place() or Path("/tmp")  # never $TMPDIR: a test's, removed under us
             sweep(base)
-            _place = base / f"{PREFIX}{os.urandom(6).hex()}-{cgroups.OWNER}"  # the maker last: `sweep` reads it
-            _place.mkdir(mode=0o755)
-            _place.chmod(0o755)
+            made = base / f"{PREFIX}{os.urandom(6).hex()}-{cgroups.OWNER}"  # the maker last: `sweep` reads it
+            try:
+                made.mkdir(mode=0o755)
+                made.chmod(0o755)
+            except OSError:
+                return None
+            _place = made
             _views.clear()
         return _place
 
@@ -142,6 +147,8 @@ def _view(paths: list[Path]) -> Path | None:
     if identity is None or sum(size for _p, _i, size, _m in identity) > MAX_BYTES:
         return None
     folder = place()
+    if folder is None:
+        return None
     with _lock:
         if identity in _views:
             return _views[identity]

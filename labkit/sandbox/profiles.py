@@ -210,7 +210,8 @@ def judge_box(uid: int, *, module: Path, tmp: str, env: dict[str, str], tables: 
     files it may read anyway, copied for its children's boxes.
     """
     shown = [tables.resolve()] if tables is not None else []
-    shown.append(course_view.place())  # the folder of views its children's boxes bind (course_view.py)
+    views = course_view.place()  # the folder of views its children's boxes bind (course_view.py)
+    shown += [views] if views is not None else []
     return Policy(
         uid=uid, gid=uid,
         read_only=tuple(dict.fromkeys([*runtime(), ROOT / "labkit", ROOT / "checks", Path(module).resolve(),
