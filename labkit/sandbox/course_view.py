@@ -2,9 +2,9 @@
 
 A judge's child sees a few dozen of the course's files (labkit's probe, values and limits, its
 lab's probes, each with its compiled file) and none of the others (the judge-side checks). Bound
-one by one, that is ~40 mounts, and bubblewrap's mounts were half a child's start: 16 ms of CPU
-for a box around /bin/true, 8 ms with the same files shown from two folders
-(benchmarks/child_cost.py). So `collapse` copies exactly those files, once per process, into a
+one by one, that is ~40 mounts, and bubblewrap's mounts were half a child's start: 19 ms of CPU
+for a box around /bin/true, 10 ms with the same files shown from two folders
+(benchmarks/child_cost.py, both rows in one run). So `collapse` copies exactly those files, once per process, into a
 view folder that mirrors the course (`labkit/`, `checks/`), and the box binds the view's
 folders where the course's are: the child sees the same files at the same paths, and still
 nothing else.
