@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import textwrap
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import pytest
 
 from labkit import sandbox
 from labkit.sandbox import bwrap, cgroups, course_view, profiles
+from tests.test_sandbox import _run as run_in_box
 
 ROOT = Path(__file__).resolve().parents[1]
 MODULE = ROOT / "solutions" / "outbox.py"
@@ -62,9 +62,9 @@ def test_a_box_binds_the_course_once_per_folder_from_a_view(make, tmp_path):
 
 
 LIST_COURSE = textwrap.dedent("""
-    import hashlib, json, os, sys
-    root = sys.argv[1]
-    found = {}
+    import hashlib, json, os
+    root = {root!r}
+    found = {{}}
     for top in ("labkit", "checks"):
         for folder, _dirs, files in os.walk(os.path.join(root, top)):
             for name in files:
@@ -81,18 +81,10 @@ def test_a_child_sees_exactly_the_course_files_its_policy_lists(tmp_path):
             pytest.fail("CI must be able to sandbox")
         pytest.skip("no sandbox here")
     profiles.compile_course()
-    workdir = Path(tempfile.mkdtemp(prefix="labkit-view-test-", dir=tmp_path))
-    script = workdir / "list_course.py"
-    script.write_text(LIST_COURSE)
-    policy = profiles.child(sandbox.uid(), module=MODULE, workdir=workdir, lab="checks.outbox")
-    box = sandbox.Box.open(profiles.copy_module(policy), sandbox.support().cgroups)
-    proc = box.spawn([sys.executable, "-S", str(script), str(ROOT)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        out, err = proc.communicate(timeout=60)
-    finally:
-        box.close(proc)
-    assert proc.returncode == 0, err.decode()[-2000:]
-    seen = json.loads(out)
+    policy = profiles.child(sandbox.uid(), module=MODULE, workdir=tmp_path, lab="checks.outbox")
+    run, _report = run_in_box(policy, LIST_COURSE.format(root=str(ROOT)))
+    assert run.returncode == 0, run.stderr[-2000:]
+    seen = json.loads(run.stdout)
     assert seen == _listed(policy.read_only)
     assert "checks/outbox/lab.py" not in seen and "labkit/probe/main.py" in seen
 
