@@ -138,6 +138,10 @@ def test_a_link_in_the_course_is_bound_as_before_never_copied(course, tmp_path):
     (course / "labkit" / "link.py").symlink_to(secret)
     files = [course / "labkit" / "a.py", course / "labkit" / "link.py"]
     assert course_view.collapse(files) == (files, [])
+    (course / "labkit" / "pkg").mkdir()
+    (course / "labkit" / "pkg" / "linked").symlink_to(tmp_path)
+    folder = [course / "labkit" / "pkg", course / "labkit" / "a.py"]
+    assert course_view.collapse(folder) == (folder, [])
     outside = tmp_path / "elsewhere.py"
     outside.write_text("")
     assert course_view.collapse([outside]) == ([outside], [])

@@ -4,10 +4,10 @@ A judge's child sees a few dozen of the course's files (labkit's probe, values a
 lab's probes, each with its compiled file) and none of the others (the judge-side checks). Bound
 one by one, that is ~40 mounts, and bubblewrap's mounts were half a child's start: 19 ms of CPU
 for a box around /bin/true, 10 ms with the same files shown from two folders
-(benchmarks/child_cost.py, both rows in one run). So `collapse` copies exactly those files, once per process, into a
-view folder that mirrors the course (`labkit/`, `checks/`), and the box binds the view's
-folders where the course's are: the child sees the same files at the same paths, and still
-nothing else.
+(benchmarks/child_cost.py, both rows in one run). So `collapse` copies exactly those files,
+once per process, into a view folder that mirrors the course (`labkit/`, `checks/`), and the
+box binds the view's folders where the course's are: the child sees the same files at the same
+paths, and still nothing else.
 
 A view is made by the process that starts the boxes, read-only to everyone else (0755/0644,
 its owner's), never changed after it is made; a change to any of its files (size, mtime, inode)
@@ -79,11 +79,6 @@ def place() -> Path | None:
         return _place
 
 
-def folders() -> list[Path]:
-    """The folder of views this process made, if any (it lives as long as the process, by design)."""
-    return [_place] if _place is not None and os.getpid() == _maker else []
-
-
 def remove() -> None:
     """Remove this process's views (at exit; a forkserver's worker, which ends by os._exit, calls it)."""
     global _place
@@ -120,7 +115,9 @@ def _identity(paths: list[Path]) -> tuple | None:
         if path.is_symlink():
             return None
         if path.is_dir():
-            for folder, _dirs, files in os.walk(path):
+            for folder, dirs, files in os.walk(path):
+                if any(os.path.islink(os.path.join(folder, d)) for d in dirs):
+                    return None  # a linked folder inside: os.walk would skip it, a bind shows it
                 for name in sorted(files):
                     entry = _file(Path(folder) / name)
                     if entry is None:
