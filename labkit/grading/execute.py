@@ -450,13 +450,13 @@ def cap_outputs(nb: NotebookNode, limits: Limits, keep: set[str]) -> list[int]:
             if sizes[index] < 0:
                 remove(i, cell, index, output_size(cell["outputs"][index]))
     for _ in range(3):  # the whole notebook, measured as written
-        if sum(output_size(out) for _, cell in cells for out in cell["outputs"]) <= limits.notebook_output_bytes:
+        ranked = sorted(((output_size(out), id(out)) for _, cell in cells for out in cell["outputs"]),
+                        key=lambda t: -t[0])
+        if sum(size for size, _ in ranked) <= limits.notebook_output_bytes:
             break  # the estimate is from above: the file cannot be over (writing it twice was ~60 ms a notebook)
         excess = outputs_bytes(nb, keep) - limits.notebook_output_bytes
         if excess <= 0:
             break
-        ranked = sorted(((output_size(out), id(out)) for _, cell in cells for out in cell["outputs"]),
-                        key=lambda t: -t[0])
         chosen: set[int] = set()
         for size, key in ranked:
             if excess <= 0:
