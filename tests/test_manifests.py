@@ -91,7 +91,7 @@ def test_the_kernel_reads_no_checks_module():
 
     code = ("import sys, tempfile\nfrom labkit import labs\nfrom labkit.notebook import Lab, progress, quiz\n"
             "for lab in labs.available():\n    progress.blank(lab).text(); quiz.load(lab)\n"
-            "    Lab(lab, tempfile.mkdtemp(), show=False)\n"
+            "    with tempfile.TemporaryDirectory() as workspace:\n        Lab(lab, workspace, show=False)\n"
             "print(sorted(m for m in sys.modules if m.count('.') > 1 and m.startswith('checks.') and not m.endswith('.quiz')))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert out.returncode == 0, out.stderr

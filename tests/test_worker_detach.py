@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -83,14 +85,19 @@ if __name__ == "__main__":
 """
 
 
-def test_a_killed_graders_forkserver_and_workers_end_with_it(tmp_path):
+def test_a_killed_graders_forkserver_and_workers_end_with_it(tmp_path, request):
     """multiprocessing gives each forked child the forkserver's "alive" pipe, and the forkserver
     waits for that pipe's EOF: a worker that kept it kept the forkserver (and so itself) alive
     after its grader was SIGKILLed (CI: an orphan graded on beside the rerun)."""
     script = tmp_path / "grader.py"
     script.write_text(GRADER)
+    # A SIGKILLed grader cannot remove multiprocessing's folder (pymp-*, the forkserver's socket):
+    # it goes in one of the test's, short enough for a socket's path.
+    own_tmp = tempfile.mkdtemp(prefix="lk-detach-")
+    request.addfinalizer(lambda: shutil.rmtree(own_tmp, ignore_errors=True))
     grader = subprocess.Popen([sys.executable, str(script), str(tmp_path)], cwd=ROOT, text=True,
-                              stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                              stdout=subprocess.PIPE,
+                              env={**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": own_tmp})
     try:
         forkserver_pid = int(grader.stdout.readline())
         worker_pid = int((tmp_path / "worker").read_text())
