@@ -184,8 +184,27 @@ def pytest_xdist_auto_num_workers(config):
 from catalogue import CACHE_ENV  # noqa: E402
 
 
+# The shared temp folders a test's leftovers would land in. The session's controller lists them
+# at the start and, when every test passed, fails the run if anything it did not list remains
+# (pytest's own basetemp excepted: pytest keeps the last three on purpose).
+SHARED_TEMP = (Path(tempfile.gettempdir()), Path("/dev/shm"))
+KEPT_TEMP = ("pytest-of-",)
+
+
+def _temp_entries() -> set[Path]:
+    found = set()
+    for folder in SHARED_TEMP:
+        try:
+            found.update(folder.iterdir())
+        except OSError:
+            pass
+    return found
+
+
 def pytest_configure(config):
     given = getattr(config, "workerinput", {}).get(CACHE_ENV)
+    if not hasattr(config, "workerinput"):
+        config._temp_before = _temp_entries()
     if given:
         os.environ[CACHE_ENV] = given
     elif not os.environ.get(CACHE_ENV):
@@ -200,6 +219,24 @@ def pytest_configure(config):
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node):
     node.workerinput[CACHE_ENV] = os.environ[CACHE_ENV]
+
+
+def pytest_sessionfinish(session, exitstatus):
+    before = getattr(session.config, "_temp_before", None)
+    if before is None or exitstatus != 0:
+        return
+    cache = getattr(session.config, "_verdict_cache", None)
+    left = sorted(str(path) for path in _temp_entries() - before
+                  if not path.name.startswith(KEPT_TEMP) and str(path) != cache)
+    if left:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.ensure_newline()
+            reporter.write_line("the tests left these in the shared temp folders (a test removes what it "
+                                "makes, on every path):", red=True)
+            for path in left:
+                reporter.write_line(f"  {path}")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_unconfigure(config):

@@ -474,7 +474,7 @@ def _finished(out: Path) -> dict[str, float]:
 
 @needs_release
 @pytest.mark.slow
-def test_sigkill_halfway_then_rerun_keeps_every_grade_once(tmp_path):
+def test_sigkill_halfway_then_rerun_keeps_every_grade_once(tmp_path, request):
     release, reference = SOURCES
     parts = corpus.reference_parts(reference)
     steps = [p for p in parts if p != "header"]
@@ -487,8 +487,13 @@ def test_sigkill_halfway_then_rerun_keeps_every_grade_once(tmp_path):
     out, token = tmp_path / "out", uuid.uuid4().hex
     env = grader_env(tmp_path, token)
     cmd = grade_cmd(tmp_path / "subs", "--out", out, "--jobs", "2", "--seed", SEED)
-    first = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                             start_new_session=True)
+    # A SIGKILLed grader cannot remove multiprocessing's folder (pymp-*, the forkserver's socket):
+    # its temp dir is one of the test's, short enough for a socket's path.
+    own_tmp = tempfile.mkdtemp(prefix="lk-killed-")
+    os.chmod(own_tmp, 0o711)
+    request.addfinalizer(lambda: shutil.rmtree(own_tmp, ignore_errors=True))
+    first = subprocess.Popen(cmd, env={**env, "TMPDIR": own_tmp}, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + 240
     while len(_finished(out)) < 2 and first.poll() is None and time.monotonic() < deadline:
         time.sleep(0.1)

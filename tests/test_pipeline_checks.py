@@ -123,7 +123,7 @@ def test_skeleton_is_not_implemented_in_every_step(lab, tmp_path):
     assert result.score == 0
 
 
-def test_nothing_of_the_servers_is_left(lab, judge_tmp):
+def test_nothing_of_the_servers_is_left(lab, judge_tmp, tmp_path):
     """A run leaves no server process, socket or folder: on a pass, and on a step that fails.
     (In a temp dir of this test's own: other tests run servers beside it.)"""
     import psutil
@@ -142,7 +142,7 @@ def test_nothing_of_the_servers_is_left(lab, judge_tmp):
         return found
 
     run_lab(lab, REFERENCE, steps=["1", "6"], seed=SEED)
-    broken = private.parent / "pipeline.py"
+    broken = tmp_path / "pipeline.py"  # outside `private`, whose emptiness is asserted
     broken.write_text(REFERENCE.read_text() + "\ndef consume(*a, **k):\n    raise SystemExit(3)\n")
     assert not run_lab(lab, broken, steps=["6"], seed=SEED).passed
     assert ours() == []
