@@ -183,7 +183,6 @@ def pytest_xdist_auto_num_workers(config):
 # hands it to each xdist worker, and removes it at the end.
 from catalogue import CACHE_ENV  # noqa: E402
 
-
 # The shared temp folders a test's leftovers would land in. The session's controller lists them
 # at the start and, when every test passed, fails the run if anything it did not list remains
 # (pytest's own basetemp excepted: pytest keeps the last three on purpose).
