@@ -226,7 +226,8 @@ def _reveal_output(lab: str, step: str) -> nbformat.NotebookNode:
     return cell
 
 
-def build(n: int, seed: int = 1, root: Path = ROOT) -> list[corpus.Entry]:
+def build(n: int, seed: int = 1, root: Path = ROOT, first_student: int = 0) -> list[corpus.Entry]:
+    """`n` notebooks, one per lab in turn for each student (s000, s001, ... from `first_student`)."""
     rng = random.Random(seed)
     course = labs(root)
     if not course:
@@ -235,7 +236,7 @@ def build(n: int, seed: int = 1, root: Path = ROOT) -> list[corpus.Entry]:
     entries = []
     for i in range(n):
         lab = course[i % len(course)]
-        student = f"s{i // len(course):03d}"
+        student = f"s{first_student + i // len(course):03d}"
         kind = rng.choices(KINDS, WEIGHTS)[0] if lab.wrong else rng.choices(KINDS[:3], WEIGHTS[:3])[0]
         all_steps = set(lab.steps)
         wrong_file = clause = ""
