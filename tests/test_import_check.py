@@ -15,6 +15,7 @@ from labkit.judge.verdict import Outcome
 def toy(monkeypatch, tmp_path):
     toylab.install(monkeypatch, tmp_path)
     monkeypatch.setattr(run, "_LOADED", set())
+    monkeypatch.setattr(run, "_CHECKING", {})
     started = []
     real = run.run_child
 
@@ -48,3 +49,20 @@ def test_a_module_that_did_not_load_is_checked_every_time(toy):
     module.write_text(toylab.REFERENCE)  # fixed: loads, then is remembered
     assert run.run_lab(lab, module, seed=3).passed and run.run_lab(lab, module, seed=4).passed
     assert len(started) == 3
+
+
+def test_runs_of_the_same_bytes_side_by_side_share_one_import_check(toy):
+    """Three seeds judged at once (as the tests do) start one import child, not three; a failure
+    is still checked by each run that waited for it."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    lab, module, started = toy
+    module.write_text(toylab.REFERENCE)
+    with ThreadPoolExecutor(3) as pool:
+        assert all(v.passed for v in pool.map(lambda seed: run.run_lab(lab, module, seed=seed), (1, 2, 3)))
+    assert len(started) == 1
+    module.write_text("raise RuntimeError('not yet')\n" + toylab.REFERENCE)
+    with ThreadPoolExecutor(3) as pool:
+        verdicts = list(pool.map(lambda seed: run.run_lab(lab, module, seed=seed), (1, 2, 3)))
+    assert all(not v.passed for v in verdicts)
+    assert len(started) == 1 + 3

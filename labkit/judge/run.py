@@ -259,8 +259,11 @@ def _run_step(lab: LabSpec, spec: StepSpec, solution: Path, seed: int, timeout: 
 # Modules whose import check passed in this process, by lab and content: the next run of the
 # same bytes (another step's check from a warm judge, the next seed in the tests) skips that
 # child. Passes only: a failure is checked again every time, and a module that stops loading
-# after a pass is still caught by each step's own children, which import it too.
+# after a pass is still caught by each step's own children, which import it too. Runs of the
+# same bytes side by side (the tests judge three seeds at once) wait for the one check running.
 _LOADED: set[tuple[str, str, str]] = set()
+_CHECKING: dict[tuple[str, str, str], threading.Event] = {}
+_LOADED_LOCK = threading.Lock()
 
 
 def _loaded_key(lab: LabSpec, solution: Path) -> tuple[str, str, str] | None:
@@ -273,8 +276,32 @@ def _loaded_key(lab: LabSpec, solution: Path) -> tuple[str, str, str] | None:
 def _import_failure(lab: LabSpec, solution: Path, timeout: float) -> tuple[str, str, str] | None:
     """Load the module once before any step: a module that can't load fails every step once."""
     key = _loaded_key(lab, solution)
-    if key is not None and key in _LOADED:
-        return None
+    if key is None:
+        return _check_import(lab, solution, timeout)
+    with _LOADED_LOCK:
+        if key in _LOADED:
+            return None
+        running = _CHECKING.get(key)
+        if running is None:
+            _CHECKING[key] = threading.Event()
+    if running is not None:
+        running.wait(timeout + 10.0)  # the other check is bounded by the same timeout
+        with _LOADED_LOCK:
+            if key in _LOADED:
+                return None
+        return _check_import(lab, solution, timeout)  # it failed (or is wedged): this run checks its own
+    try:
+        problem = _check_import(lab, solution, timeout)
+        if problem is None:
+            with _LOADED_LOCK:
+                _LOADED.add(key)
+        return problem
+    finally:
+        with _LOADED_LOCK:
+            _CHECKING.pop(key).set()
+
+
+def _check_import(lab: LabSpec, solution: Path, timeout: float) -> tuple[str, str, str] | None:
     workdir = scratch.folder("labkit-")
     marker = reaper.new_marker()
     try:
@@ -283,11 +310,7 @@ def _import_failure(lab: LabSpec, solution: Path, timeout: float) -> tuple[str, 
     finally:
         reaper.kill_marked(marker)
         shutil.rmtree(workdir, ignore_errors=True)
-    if run.imported:
-        if key is not None:
-            _LOADED.add(key)
-        return None
-    return expect.import_problem(run, timeout)
+    return None if run.imported else expect.import_problem(run, timeout)
 
 
 def run_lab(lab: LabSpec, solution: Path, steps: Sequence[int | str] | None = None,
