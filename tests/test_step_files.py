@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -140,6 +141,21 @@ def test_pure_reads_are_read_only_and_a_hot_journal_is_still_rolled_back(tmp_pat
     subprocess.run([sys.executable, "-c", script], check=False)
     assert Path(f"{path}-journal").exists()
     assert [row[3] for row in stores.outbox(path)] == [0]
+
+
+def test_check_db_says_when_a_read_needs_a_writer(tmp_path):
+    """A missing file, a journal beside it or a WAL-mode header each need a read-write connection."""
+    path = tmp_path / "source.db"
+    assert step_files.check_db(path).needs_writer  # missing: SQLite makes it
+    db.make_source(path)
+    assert step_files.check_db(path) == step_files.DbFiles(exists=True, journal=False, wal_mode=False)
+    (tmp_path / "source.db-journal").write_bytes(b"")
+    assert step_files.check_db(path).needs_writer
+    (tmp_path / "source.db-journal").unlink()
+    with sqlite3.connect(path) as con:
+        con.execute("PRAGMA journal_mode = WAL")
+    seen = step_files.check_db(path)
+    assert seen.wal_mode and seen.needs_writer
 
 
 LINKING = '''

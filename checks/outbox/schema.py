@@ -12,7 +12,7 @@ from contextlib import closing
 from pathlib import Path
 from urllib.parse import quote
 
-from labkit.judge.step_files import check_db, db_state
+from labkit.judge.step_files import check_db
 
 SOURCE_SCHEMA = """
 CREATE TABLE orders(id TEXT PRIMARY KEY, sku TEXT NOT NULL, qty INTEGER NOT NULL);
@@ -41,9 +41,7 @@ def reader(path: Path, timeout: float = 2.0) -> sqlite3.Connection:
     """The judge's connection for a pure read: checked as `connect` checks, and read-only
     (`mode=ro`) unless the file needs a writer to be read at all (a rollback journal or WAL
     beside it, or WAL mode) or is missing (SQLite then makes an empty one, as it always did)."""
-    check_db(path)
-    side, wal = db_state(path)
-    if side or wal or not Path(path).exists():
+    if check_db(path).needs_writer:
         return sqlite3.connect(path, isolation_level=None, timeout=timeout)
     uri = f"file:{quote(str(Path(path).absolute()))}?mode=ro"
     return sqlite3.connect(uri, uri=True, isolation_level=None, timeout=timeout)

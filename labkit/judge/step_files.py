@@ -132,12 +132,29 @@ def read_text(path: Path | str, limit: int = DEFAULT_LIMIT, *, owner: int | None
     return read_bytes(path, limit, owner=owner, what=what).decode("utf-8", "replace")
 
 
-def check_db(path: Path | str) -> Path:
+@dataclass(frozen=True)
+class DbFiles:
+    """What `check_db` saw of an accepted database file, in the same pass."""
+
+    exists: bool  # the database file itself is there
+    journal: bool  # a rollback journal or a WAL file lies beside it
+    wal_mode: bool  # the file's header says WAL mode
+
+    @property
+    def needs_writer(self) -> bool:
+        """Whether even a read needs a read-write connection: a hot journal is rolled back, a WAL
+        needs its index, and a missing file is made (as SQLite always did)."""
+        return self.journal or self.wal_mode or not self.exists
+
+
+def check_db(path: Path | str) -> DbFiles:
     """Refuse (`DatabaseRefused`) a database path whose file or `-journal`/`-wal`/`-shm` is a link
-    or anything but a regular file; absent files are fine (SQLite makes them). Returns the path."""
+    or anything but a regular file; absent files are fine (SQLite makes them). Returns what it
+    saw: one directory descriptor, one lstat per name and the header, for every read the judge makes."""
     path = Path(path)
     dir_fd = _open_dir(path.parent)
     try:
+        present = set()
         for suffix in ("", *SIDE_FILES):
             try:
                 mode = os.lstat(path.name + suffix, dir_fd=dir_fd).st_mode
@@ -147,22 +164,29 @@ def check_db(path: Path | str) -> Path:
                 which = "the database file" if not suffix else f"the database's {suffix[1:]} file"
                 raise DatabaseRefused(f"{which} ({path.name}{suffix}) was replaced by {kind_of(mode)}; "
                                       "the judge does not open it")
+            present.add(suffix)
+        wal_mode = "" in present and _wal_header(path.name, dir_fd)
     finally:
         os.close(dir_fd)
-    return path
+    return DbFiles("" in present, bool(present & {"-journal", "-wal"}), wal_mode)
 
 
-def db_state(path: Path | str) -> tuple[bool, bool]:
-    """(a rollback journal or WAL file lies beside it, the file says it is in WAL mode), for a
-    path `check_db` accepted: such a file needs a read-write connection even for a read (a hot
-    journal is rolled back, a WAL needs its index)."""
-    path = Path(path)
-    side = any(os.path.lexists(f"{path}{suffix}") for suffix in ("-journal", "-wal"))
+def _wal_header(name: str, dir_fd: int) -> bool:
+    """Whether the database header's read and write versions (bytes 18, 19) say WAL; opened as
+    `open_file` opens (no link followed, no FIFO waited on), False if it cannot be read."""
     try:
-        header = read_bytes(path, 100, what="the database file")
-    except Refused:
-        return side, False
-    return side, len(header) >= 20 and (header[18] == 2 or header[19] == 2)
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError:
+        return False
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        header = os.read(fd, 100)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return len(header) >= 20 and (header[18] == 2 or header[19] == 2)
 
 
 def create(path: Path | str, mode: int = 0o644) -> int:
