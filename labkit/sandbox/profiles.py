@@ -19,6 +19,7 @@ home directory, other processes.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.util
 import os
 import shutil
@@ -128,13 +129,6 @@ def child(uid: int, *, module: Path, workdir: Path, code_modules: tuple[str, ...
           env: dict[str, str] | None = None, lab: str | None = None) -> Policy:
     """A judge's child: imports the student's module and runs one probe (or serves `receive`).
     `lab`: the package whose probes it runs (`labs.package_of`); None: every lab's."""
-    extra = [f for f in map(module_file, code_modules) if f is not None and f.is_relative_to(ROOT)]
-    for name in code_modules:  # a package's __init__ along the way (labkit.servers.warehouse)
-        parts = name.split(".")[:-1]
-        for depth in range(1, len(parts) + 1):
-            init = ROOT.joinpath(*parts[:depth], "__init__.py")
-            if init.exists():
-                extra.append(init)
     workdir = Path(workdir).resolve()
     module = Path(module).resolve()
     # The module as the child sees it: a readable copy (the student's own file may be 0600 and
@@ -142,7 +136,7 @@ def child(uid: int, *, module: Path, workdir: Path, code_modules: tuple[str, ...
     shown = ((workdir / f".labkit-module-{module.name}", str(module)),)
     return Policy(
         uid=uid, gid=uid,
-        read_only=tuple(dict.fromkeys([*runtime(), *_code(CHILD_CODE), *_probe_modules(lab), *_with_bytecode(extra)])),
+        read_only=_child_reads(lab, tuple(code_modules)),
         writable=(workdir,),
         mapped=shown,
         cwd=workdir,
@@ -154,6 +148,23 @@ def child(uid: int, *, module: Path, workdir: Path, code_modules: tuple[str, ...
         address_space=limits.CHILD_MEMORY_BYTES,
         file_bytes=limits.CHILD_FILE_BYTES,
     )
+
+
+@functools.lru_cache(maxsize=64)
+def _child_reads(lab: str | None, code_modules: tuple[str, ...]) -> tuple[Path, ...]:
+    """The runtime and the course files a child of `lab` reads: the same for every child of a
+    process, so worked out once (find_spec, the manifests and a stat per file were ~1 ms of the
+    judge's CPU a box). Which compiled files there are is read then: a process's first box comes
+    after `compile_course` (the tests' session, a grader's forkserver), and a compiled file
+    missing from the list only costs the child a compile."""
+    extra = [f for f in map(module_file, code_modules) if f is not None and f.is_relative_to(ROOT)]
+    for name in code_modules:  # a package's __init__ along the way (labkit.servers.warehouse)
+        parts = name.split(".")[:-1]
+        for depth in range(1, len(parts) + 1):
+            init = ROOT.joinpath(*parts[:depth], "__init__.py")
+            if init.exists():
+                extra.append(init)
+    return tuple(dict.fromkeys([*runtime(), *_code(CHILD_CODE), *_probe_modules(lab), *_with_bytecode(extra)]))
 
 
 def kernel_environment(home: str, env: dict[str, str]) -> dict[str, str]:
