@@ -13,6 +13,7 @@ import tempfile
 from pathlib import Path
 
 from jupyter_client.manager import AsyncKernelManager
+from jupyter_core.utils import run_sync
 from nbclient import NotebookClient
 
 
@@ -21,6 +22,7 @@ def execute(nb, folder: Path, *, timeout: int = 120, kernel_name: str = "python3
     """Run every cell of `nb` in `folder` (its working directory); return `nb`, executed."""
     # A short path: a unix socket's path is limited to 107 bytes.
     sockets = Path(tempfile.mkdtemp(prefix="kernel-", dir="/tmp"))
+    km = None
     try:
         km = AsyncKernelManager(kernel_name=kernel_name, transport="ipc", ip=str(sockets / "k"),
                                 connection_file=str(sockets / "connection.json"))
@@ -28,5 +30,9 @@ def execute(nb, folder: Path, *, timeout: int = 120, kernel_name: str = "python3
                                 resources={"metadata": {"path": str(folder)}})
         client.execute(**({"env": env} if env is not None else {}))
     finally:
+        # nbclient shuts down only a kernel it made: one handed in ran on until this process
+        # ended ("Parent appears to have exited"), and its warm judge, servers and views with it.
+        if km is not None and km.has_kernel:
+            run_sync(km.shutdown_kernel)(now=False)
         shutil.rmtree(sockets, ignore_errors=True)
     return nb
