@@ -3,6 +3,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -188,6 +189,7 @@ from catalogue import CACHE_ENV  # noqa: E402
 # (pytest's own basetemp excepted: pytest keeps the last three on purpose).
 SHARED_TEMP = (Path(tempfile.gettempdir()), Path("/dev/shm"))
 KEPT_TEMP = ("pytest-of-",)
+LEFTOVER_WAIT = 30.0  # s
 
 
 def _temp_entries() -> set[Path]:
@@ -225,8 +227,15 @@ def pytest_sessionfinish(session, exitstatus):
     if before is None or exitstatus != 0:
         return
     cache = getattr(session.config, "_verdict_cache", None)
-    left = sorted(str(path) for path in _temp_entries() - before
-                  if not path.name.startswith(KEPT_TEMP) and str(path) != cache)
+    # What ends on its own goes a moment after the last test: a kernel's warm judge ends at its
+    # kernel's EOF, then stops its servers and removes its views (seconds). Bounded.
+    deadline = time.monotonic() + LEFTOVER_WAIT
+    while True:
+        left = sorted(str(path) for path in _temp_entries() - before
+                      if not path.name.startswith(KEPT_TEMP) and str(path) != cache)
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
     if left:
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None:
