@@ -52,7 +52,7 @@ from labkit.grading.settings import (
 from labkit.grading.shards import WHOLE, Shard, shard_of
 from labkit.grading.terminal import safe, safe_lines
 from labkit.limits import step_timeout
-from labkit.sandbox import reaper
+from labkit.sandbox import course_view, reaper
 
 
 class BatchUsageError(Exception):
@@ -470,6 +470,9 @@ def _run_locked(found, skipped, batch: Batch, seed: int | None) -> int:
             template.stop()
         if ctx is not None:
             _stop_forkserver()
+        # A worker killed on a timeout (or by a hostile notebook's judge) could not remove its
+        # views of the course: with every worker gone, the grader removes them.
+        course_view.sweep_ended()
     try:
         (out / WORK).rmdir()
     except OSError:

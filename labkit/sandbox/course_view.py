@@ -77,7 +77,7 @@ def place() -> Path | None:
     global _place
     with _lock:
         if _place is None or not _place.is_dir():
-            base = scratch.fast_place() or Path("/tmp")  # never $TMPDIR: a test's, removed under us
+            base = _base()
             sweep(base)
             made = base / f"{PREFIX}{os.urandom(6).hex()}-{cgroups.OWNER}"  # the maker last: `sweep` reads it
             try:
@@ -98,6 +98,16 @@ def remove() -> None:
             shutil.rmtree(_place, ignore_errors=True)
         _place = None
         _views.clear()
+
+
+def _base() -> Path:
+    return scratch.fast_place() or Path("/tmp")  # never $TMPDIR: a test's, removed under us
+
+
+def sweep_ended() -> list[Path]:
+    """`sweep` where views are made: for a process whose makers have ended (a grader whose
+    workers were killed), which would otherwise leave their views to the next maker."""
+    return sweep(_base())
 
 
 def sweep(base: Path) -> list[Path]:
