@@ -4,6 +4,8 @@ For each lab's reference solution: the median wall time of each step's check (a 
 with only that step, in this process) and of the whole lab, over `--runs` runs; and the floor,
 the median time to start one child interpreter that imports the module and does nothing
 (`labkit.judge.child.run_child(module, "labkit.probe:noop", {})`). Every check starts at least one.
+The "warm judge" column is what a student waits in the notebook: each check as the kernel's warm
+judge runs it (`labkit.judge.serve`), after the pause in which it prepared the next one.
 
     python benchmarks/check_latency.py [--runs 10] [--lab outbox|vending|relay ...]
 """
@@ -22,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from labkit import labs  # noqa: E402
-from labkit.judge.ahead import SessionsAhead  # noqa: E402
+from labkit.judge.ahead import DrawsAhead, SessionsAhead  # noqa: E402
 from labkit.judge.child import run_child  # noqa: E402
 from labkit.judge.run import LabSpec, run_lab  # noqa: E402
 from labkit.limits import step_timeout  # noqa: E402
@@ -69,9 +71,22 @@ def timed_run(spec: LabSpec, module: Path, steps: list | None, seed: int,
 READING = 1.0
 
 
-def settle(ahead: SessionsAhead, spec: LabSpec) -> None:
-    ahead.session_ready(spec.name)
+def settle(ahead: SessionsAhead | None, draws: DrawsAhead, spec: LabSpec) -> None:
+    if ahead is not None:
+        ahead.session_ready(spec.name)
+    draws.settle()
     time.sleep(READING)
+
+
+def warm_run(spec: LabSpec, module: Path, steps: list | None, ahead: SessionsAhead | None,
+             draws: DrawsAhead) -> float:
+    """One check as the kernel's warm judge runs it (`serve.answer`): under the seed chosen when
+    the last check ended, its property tests' inputs drawn meanwhile, its session made ahead."""
+    settle(ahead, draws, spec)
+    with draws.checking():
+        wall = timed_run(spec, module, steps, draws.seed(spec.name), ahead)[0]
+    draws.after(spec.name, [str(s) for s in steps] if steps else None)
+    return wall
 
 
 def bench(lab: str, runs: int) -> None:
@@ -87,17 +102,18 @@ def bench(lab: str, runs: int) -> None:
             step_walls[str(step.step)].append(wall)
             step_own[str(step.step)].append(verdicts[0].seconds)
         whole.append(timed_run(spec, module, None, seed)[0])
+    # The warm judge's way: each check's session made, and its inputs drawn, during the one before.
     ahead = SessionsAhead() if spec.session is not None else None
-    if ahead is not None:  # the warm judge's way: each check's session made during the one before
-        try:
-            timed_run(spec, module, [spec.steps[0].step], 1, ahead)
-            for seed in range(1, runs + 1):
-                for step in spec.steps:
-                    settle(ahead, spec)
-                    step_ahead[str(step.step)].append(timed_run(spec, module, [step.step], seed, ahead)[0])
-                settle(ahead, spec)
-                whole_ahead.append(timed_run(spec, module, None, seed, ahead)[0])
-        finally:
+    draws = DrawsAhead()
+    try:
+        warm_run(spec, module, None, ahead, draws)
+        for _ in range(runs):
+            for step in spec.steps:
+                step_ahead[str(step.step)].append(warm_run(spec, module, [step.step], ahead, draws))
+            whole_ahead.append(warm_run(spec, module, None, ahead, draws))
+    finally:
+        draws.close()
+        if ahead is not None:
             ahead.close()
     base = floor(spec, module, runs)
     low = statistics.median(base)
@@ -121,9 +137,9 @@ def bench(lab: str, runs: int) -> None:
     print(f"whole lab / floor = {median_whole / low:.1f}")
     print("run_lab: wall time of run_lab(steps=[s]) (includes the import check child);"
           " step only: the step's own StepVerdict.seconds")
-    if ahead is not None:
-        print("warm judge: run_lab's wall time as the kernel's warm judge runs it, the lab's session (its"
-              " servers) made ahead while the previous check was judged (labkit.judge.ahead)")
+    print("warm judge: run_lab's wall time as the kernel's warm judge runs it (labkit.judge.serve): the"
+          " property tests' inputs" + (" and the lab's session (its servers)" if ahead is not None else "")
+          + " made ahead while the student read the previous verdict (labkit.judge.ahead)")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -326,3 +326,37 @@ def test_an_adapter_builds_in_the_child_what_cannot_cross_the_pipe(tmp_path, mon
     if not passed:
         assert case.called.startswith("pick([") and ", random.Random(" in case.called
         assert case.clauses == ("3.seeded",)
+
+
+def test_inputs_drawn_ahead_are_the_ones_the_next_check_draws_and_wait_while_a_check_runs(tmp_path, monkeypatch):
+    """The warm judge's `DrawsAhead`: the next seed's inputs are drawn in the pause after a check
+    (never while one runs), the next check (without a seed of its own) takes that seed and uses
+    them, and its verdict and counterexample are those of the same seed drawn inline."""
+    from labkit.judge.ahead import DrawsAhead
+
+    monkeypatch.setattr(differential_module, "_DRAWN", {})
+    monkeypatch.setattr(differential_module, "_KNOWN", {})
+    path = student(tmp_path, **{"not text.isdigit()": "not text.strip('+').isdigit()"})
+    judge(path, seed=1)  # the test is now known to this process
+    draws = DrawsAhead()
+    try:
+
+        def made(seed: int) -> int:
+            key = (differential_module._seed_of(seed, 1, "parse_count"), 150,
+                   ("toy", "parse_count agrees with the contract on generated inputs"))
+            return len(differential_module._DRAWN[key].made) if key in differential_module._DRAWN else 0
+
+        with draws.checking():
+            draws.after("toy", ["1"])
+            time.sleep(0.3)
+            assert made(draws._next["toy"]) == 0, "it drew while a check ran"
+        draws.settle(10)
+        seed = draws.seed("toy")
+        assert made(seed) == 150
+        ahead = judge(path, seed)
+        differential_module._DRAWN.clear()
+        assert ahead == judge(path, seed)  # drawn inline: the same verdict, the same shrunk input
+        assert ahead[0].outcome is Outcome.WRONG and ahead[0].clauses == ("1.digits",)
+        assert draws.seed("toy") != seed  # a seed is taken once
+    finally:
+        draws.close()

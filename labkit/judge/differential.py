@@ -61,7 +61,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -216,6 +216,7 @@ def differential(
         if not session.imported:
             finding = stop = None
         else:
+            _known(ctx, fn, name, strategy, examples)
             finding, stop = _run(lambda: _search(strategy, _seed(ctx, fn), examples, answer, shrink,
                                                  drawn_as=(ctx.lab.name, name)))
     if not session.run.imported:
@@ -337,10 +338,7 @@ _DRAWN_LOCK = threading.Lock()
 MAX_DRAWN = 64
 
 
-def remembered(strategy: SearchStrategy, seed_value: int, examples: int, name: tuple) -> Iterator[tuple[tuple, tuple]]:
-    """`drawn`, from what an earlier search drew where it can: the same `name` (the lab and the
-    test, whose strategy its code builds the same way every time; its repr, ~15 ms, is not the
-    key) and seed. Each input is a copy: the oracle or the comparison must not change a kept one."""
+def _draws(strategy: SearchStrategy, seed_value: int, examples: int, name: tuple) -> tuple[tuple, _Draws]:
     key = (seed_value, examples, name)
     with _DRAWN_LOCK:
         draws = _DRAWN.get(key)
@@ -348,22 +346,87 @@ def remembered(strategy: SearchStrategy, seed_value: int, examples: int, name: t
             if len(_DRAWN) >= MAX_DRAWN:
                 _DRAWN.pop(next(iter(_DRAWN)))
             draws = _DRAWN[key] = _Draws(drawn(strategy, seed_value, examples))
+    return key, draws
+
+
+def _draw_one(key: tuple, draws: _Draws, index: int) -> tuple[tuple, tuple] | None:
+    """The `index`th input of `draws`, drawn now if no one has yet (None: there are no more)."""
+    with draws.lock:
+        if index == len(draws.made):
+            try:
+                found = next(draws.source, None)
+            except BaseException:  # a strategy that raised: never kept as a short set of inputs
+                with _DRAWN_LOCK:
+                    _DRAWN.pop(key, None)
+                raise
+            if found is None:
+                return None
+            draws.made.append(found)
+        return draws.made[index]
+
+
+def remembered(strategy: SearchStrategy, seed_value: int, examples: int, name: tuple) -> Iterator[tuple[tuple, tuple]]:
+    """`drawn`, from what an earlier search (or `draw_ahead`) drew where it can: the same `name`
+    (the lab and the test, whose strategy its code builds the same way every time; its repr,
+    ~15 ms, is not the key) and seed. Each input is a copy: the oracle or the comparison must
+    not change a kept one."""
+    key, draws = _draws(strategy, seed_value, examples, name)
     index = 0
-    while True:
-        with draws.lock:
-            if index == len(draws.made):
-                try:
-                    found = next(draws.source, None)
-                except BaseException:  # a strategy that raised: never kept as a short set of inputs
-                    with _DRAWN_LOCK:
-                        _DRAWN.pop(key, None)
-                    raise
-                if found is None:
-                    return
-                draws.made.append(found)
-            args, choices = draws.made[index]
+    while (found := _draw_one(key, draws, index)) is not None:
         index += 1
+        args, choices = found
         yield copy.deepcopy(args), choices
+
+
+@dataclass(frozen=True)
+class _Test:
+    """What a differential test of a lab draws from, as its last run built it."""
+
+    step: int | str
+    fn: str
+    strategy: SearchStrategy
+    examples: int
+
+
+# Each lab's differential tests seen in this process, by (lab, test name): what `draw_ahead` draws for.
+_KNOWN: dict[tuple[str, str], _Test] = {}
+
+
+def _known(ctx: StepContext, fn: str, name: str, strategy: SearchStrategy, examples: int) -> None:
+    with _DRAWN_LOCK:
+        _KNOWN[(ctx.lab.name, name)] = _Test(ctx.step, fn, strategy, examples)
+
+
+def draw_ahead(lab: str, seed: int, steps: list[str] | None, go_on: Callable[[], bool]) -> int:
+    """Draw the inputs of lab `lab`'s differential tests (of `steps` first; None: all) for the
+    verdict seed `seed`, as those tests will ask for them: a warm judge does it while the
+    student reads a verdict, for the seed of the next check (`serve.py`). `go_on()` is asked
+    before each input: it waits while a check runs (the drawing must not take a check's CPU)
+    and says False once these draws are no longer wanted. Returns how many inputs it drew."""
+    with _DRAWN_LOCK:
+        tests = [(name, test) for (owner, name), test in _KNOWN.items() if owner == lab]
+    if tests:
+        _no_local_constants()  # as the tests draw (already so: they ran)
+    wanted = {str(s) for s in steps} if steps else None
+    tests.sort(key=lambda item: wanted is not None and str(item[1].step) not in wanted)
+    count = 0
+    for name, test in tests:
+        key, draws = _draws(test.strategy, _seed_of(seed, test.step, test.fn), test.examples, (lab, name))
+        for index in range(test.examples):
+            if not go_on():
+                return count
+            try:
+                if _draw_one(key, draws, index) is None:
+                    break
+            except Exception:  # noqa: BLE001 - the check itself will draw, and say what failed
+                break
+            count += 1
+    return count
+
+
+def start_drawing_ahead(lab: str, seed: int, steps: list[str] | None, go_on: Callable[[], bool]) -> Future:
+    """`draw_ahead` in one of the threads Hypothesis already knows (`_runners`)."""
+    return _runners().submit(draw_ahead, lab, seed, steps, go_on)
 
 
 def drawn(strategy: SearchStrategy, seed_value: int, examples: int) -> Iterator[tuple[tuple, tuple]]:
@@ -403,7 +466,11 @@ def _run_here(test: Callable[[], None]) -> tuple[Finding | None, _Stop | None]:
 
 def _seed(ctx: StepContext, fn: str) -> int:
     """One seed per verdict seed, step and function, independent of what else the check draws."""
-    digest = hashlib.sha256(f"{ctx.seed}:{ctx.step}:{fn}".encode()).digest()
+    return _seed_of(ctx.seed, ctx.step, fn)
+
+
+def _seed_of(seed: int, step: int | str, fn: str) -> int:
+    digest = hashlib.sha256(f"{seed}:{step}:{fn}".encode()).digest()
     return int.from_bytes(digest[:8], "big")
 
 
