@@ -360,3 +360,19 @@ def test_inputs_drawn_ahead_are_the_ones_the_next_check_draws_and_wait_while_a_c
         assert draws.seed("toy") != seed  # a seed is taken once
     finally:
         draws.close()
+
+
+@pytest.mark.parametrize(("lab", "step"), [("outbox", 1), ("vending", 1), ("vending", 4), ("relay", 5)])
+def test_a_labs_property_test_draws_from_the_same_strategy_under_every_seed(lab, step, monkeypatch):
+    """The warm judge draws the next check's inputs from the strategy the last check built
+    (`ahead.DrawsAhead`): that is right only if no lab builds it from the seed."""
+    from labkit import labs
+    from labkit.judge import coverage
+
+    monkeypatch.setattr(differential_module, "_KNOWN", {})
+    spec, reference = labs.load(lab), coverage.reference(lab)
+    built = []
+    for seed in (1, 2):
+        assert run_lab(spec, reference, steps=[step], seed=seed).passed
+        built.append({name: repr(test.strategy) for name, test in differential_module._KNOWN.items()})
+    assert built[0] and built[0] == built[1]

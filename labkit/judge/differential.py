@@ -141,7 +141,9 @@ def differential(
 ) -> list[Case]:
     """Compare the student's `fn` with `oracle` on `examples` argument tuples drawn from `strategy`.
 
-    `strategy` yields a tuple of positional arguments (values `labkit.values` carries).
+    `strategy` yields a tuple of positional arguments (values `labkit.values` carries); it is
+    built the same way under every seed (never from `ctx.rng`): the seed picks the inputs, and
+    the warm judge draws a check's inputs ahead from the strategy its last check built.
     `oracle(*args)` returns or raises what the contract says. `clause_of(*args)` returns
     `(clause_id, hint)`: the clause an input belongs to and the hint for a student who got it
     wrong. `clauses` tags the passing case (every clause the strategy reaches). `adapter`
