@@ -25,11 +25,11 @@ from labkit.grading.settings import WARM_LABS_ENV  # noqa: E402
 from labkit.judge import differential  # noqa: E402
 from labkit.sandbox import profiles  # noqa: E402
 
+_WANTED = set(filter(None, os.environ.get(WARM_LABS_ENV, "").split(",")))  # the labs this batch grades
+
 notebook_html(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("1")]))
-# The labs this batch grades (all when not said): lab 04's alone imports psycopg and valkey.
-_GRADED = set(filter(None, os.environ.get(WARM_LABS_ENV, "").split(","))) or set(labs.available())
 for _lab in labs.available():
-    if _lab in _GRADED:
+    if not _WANTED or _lab in _WANTED:  # all when not said: lab 04's alone imports psycopg and valkey
         labs.load(_lab)
 differential.warm_unicode_tables()
 profiles.compile_course()
@@ -39,12 +39,11 @@ def _render_releases() -> None:
     from labkit.grading.settings import release_dir
     from labkit.grading.submissions import releases
 
-    wanted = set(filter(None, os.environ.get(WARM_LABS_ENV, "").split(",")))
-    if not wanted:
+    if not _WANTED:
         return
     for lab, release in releases(release_dir()).items():
         try:
-            if lab in wanted:
+            if lab in _WANTED:
                 notebook_html(nbformat.from_dict(release.nb))
         except Exception:  # noqa: BLE001, S112 - a cold cache only costs time
             continue
