@@ -30,7 +30,6 @@ from labkit.judge.ports import refusing_port
 MAX_HEAD = 64 * 1024
 MAX_BODY = 256 * 1024
 IO_TIMEOUT = 5.0  # a client that stalls mid-request cannot hold a handler thread
-LINGER = 5.0  # how long after answering the handler waits for the client to close its end
 STREAM_CHUNK = 64 * 1024
 ENDLESS = 64 * 1024 * 1024  # "a reply that never ends": this many bytes, then the server gives up
 # The kernel stamps each segment it receives with its arrival time: the request's real arrival,
@@ -90,28 +89,22 @@ class Visit:
 
     def _unread(self) -> bool:
         with self.lock:
-            if self.conn is None:  # its handler has not started
-                return True
+            if self.conn is None:  # its handler has ended
+                return False
             try:
                 return bool(select.select([self.conn], [], [], 0)[0])
             except (OSError, ValueError):
                 return False
 
     def client_gone(self) -> bool:
-        """Has the client closed its end? Looks at the socket now (EOF or a reset waiting in it)."""
+        """Has the client closed its end? Asks the kernel about the socket now, whether or not its
+        handler has started, read the request or answered (on a busy machine each may come late)."""
         with self.lock:
             if self.closed_at is not None:
                 return True
-            if self.conn is None:  # the handler is done with it and never saw the client close
+            if self.conn is None:  # its handler ended with the replier, never having seen a close
                 return False
-            try:
-                readable, _, _ = select.select([self.conn], [], [], 0)
-                if not readable:
-                    return False
-                data = self.conn.recv(1, socket.MSG_PEEK)
-            except (OSError, ValueError):
-                data = b""  # a reset: the client's socket is gone
-            if data:
+            if not peer_closed(self.conn):
                 return False
             self.closed_at = time.time()
             return True
@@ -216,7 +209,9 @@ class Replier:
                     except OSError:
                         continue
                     scripted = reply_for(listener, len(listener.visits))
-                    visit = Visit(time.time(), delay=scripted.delay + scripted.body_delay)
+                    # the socket is the visit's from the start: `client_gone` can ask about it
+                    # before the handler thread runs (late, on a busy machine)
+                    visit = Visit(time.time(), delay=scripted.delay + scripted.body_delay, conn=conn)
                     listener.visits.append(visit)
                 reply = reply_for(listener, len(listener.visits) - 1)
                 thread = threading.Thread(target=_serve, args=(conn, reply, visit, self._stop),
@@ -240,13 +235,31 @@ class Replier:
             thread.join(max(0.0, deadline - time.monotonic()))
 
 
+# Linux's TCP states (include/net/tcp_states.h) in which the peer has sent its FIN or a reset.
+_PEER_CLOSED = {7, 8, 9, 6, 11}  # CLOSE, CLOSE_WAIT, LAST_ACK, TIME_WAIT, CLOSING
+_TCP_INFO = getattr(socket, "TCP_INFO", 11 if sys.platform == "linux" else None)
+
+
+def peer_closed(conn: socket.socket) -> bool:
+    """Whether the other end of `conn` has closed (a FIN or a reset arrived), from the socket's
+    TCP state: true even while the request it sent before closing is still unread. Elsewhere
+    than Linux: EOF or a reset waiting at the head of the socket."""
+    try:
+        if _TCP_INFO is not None:
+            return conn.getsockopt(socket.IPPROTO_TCP, _TCP_INFO, 1)[0] in _PEER_CLOSED
+        if not select.select([conn], [], [], 0)[0]:
+            return False
+        return conn.recv(1, socket.MSG_PEEK) == b""
+    except (OSError, ValueError):
+        return True  # a reset, or a socket closed under us: the client's side is gone
+
+
 def reply_for(listener: Listener, index: int) -> Reply:
     """The reply to a listener's `index`-th connection (from 0; the last one repeats)."""
     return listener.replies[min(index, len(listener.replies) - 1)]
 
 
 def _serve(conn: socket.socket, reply: Reply, visit: Visit, stop: threading.Event) -> None:
-    visit.conn = conn
     try:
         conn.settimeout(IO_TIMEOUT)
         if not _read_request(conn, visit):
@@ -420,8 +433,10 @@ def _silence(conn: socket.socket, seconds: float, visit: Visit, stop: threading.
 
 
 def _linger(conn: socket.socket, visit: Visit, stop: threading.Event) -> None:
-    deadline = time.monotonic() + LINGER
-    while not stop.is_set() and time.monotonic() < deadline:
+    """Keep the connection until the client closes it or the step's replier stops: never for a
+    fixed time, since a client that a busy machine keeps off the CPU closes late (and the judge
+    asks about the close only after the call returned)."""
+    while not stop.is_set():
         if _client_closed(conn, 0.05, visit):
             return
 
