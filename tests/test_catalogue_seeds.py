@@ -12,14 +12,19 @@ same cases, under every seed), and it fits CI's budget (measured: ~2-3 s a file)
 LABKIT_CATALOGUE_STEPS=reached it also runs every step that builds on the promised one
 (`LabSpec.dependents`: all the code the mistake can reach; about four times as long). Runs go
 through the session cache (tests/catalogue.py) that the clause-coverage and no-blame tests
-read too; the seeds of one file run three at a time, in threads (SEED_THREADS).
+read too; the seeds of one file run three at a time, in threads (SEED_THREADS). A step whose
+check drew nothing from its seed under the first two seeds is not run under the others
+(`BOTH_RUN`): it tried the same inputs under every seed.
 """
 
 from __future__ import annotations
 
+import ast
+import random
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import catalogue
 import pytest
 from catalogue import (
     SEEDS,
@@ -36,6 +41,7 @@ from catalogue import (
 
 from labkit import limits
 from labkit.judge import coverage
+from labkit.judge.run import SeededRandom, SeedUse
 from labkit.judge.verdict import Outcome
 
 # Three seeds at a time: a run is about half CPU, half waiting (a child's start, a timeout, a
@@ -47,11 +53,24 @@ LABS = labs_with_wrong_solutions()
 WRONG = every_wrong_file()
 
 
+# Every step runs under the first two seeds, side by side; under the others, only the steps whose
+# check drew from its seed in one of those runs (`StepVerdict.seed_read`: its rng or a property
+# test's seed). A check that drew nothing tried the same inputs under every seed, so a third run
+# could differ from the first only by the machine, which the second run already compares (lab 04's
+# checks draw nothing: its scenarios are fixed; 60 files x 3 runs of PostgreSQL and Valkey).
+BOTH_RUN = SEEDS[:2]
+
+
 def verdicts_by_seed(lab: str, path: Path) -> dict[int, dict]:
     steps = steps_to_run(lab, path)
     with ThreadPoolExecutor(max_workers=SEED_THREADS) as pool:
-        runs = pool.map(lambda seed: step_verdicts(lab, path, steps, seed), SEEDS)
-        return dict(zip(SEEDS, runs, strict=True))
+        runs = dict(zip(BOTH_RUN, pool.map(lambda seed: step_verdicts(lab, path, steps, seed), BOTH_RUN), strict=True))
+        drawing = [step for step in steps if any(runs[seed][step].seed_read for seed in BOTH_RUN)]
+        rest = [seed for seed in SEEDS if seed not in BOTH_RUN]
+        later = pool.map(lambda seed: step_verdicts(lab, path, drawing, seed), rest) if drawing else [{} for _ in rest]
+        for seed, found in zip(rest, later, strict=True):
+            runs[seed] = {step: found.get(step, runs[SEEDS[0]][step]) for step in steps}
+    return runs
 
 
 # Wrong solutions whose own behaviour depends on the machine's speed, not on the seed: under every
@@ -231,3 +250,63 @@ def test_a_child_that_ran_out_of_time_once_is_run_again(monkeypatch, tmp_path):
     monkeypatch.setattr(toylab.lab.LAB.steps[0], "run", check_half)
     assert seed_problem("toy", wrong_file("toy", "float_accepted")) is None
     assert starved == [SEEDS[1]]
+
+
+@pytest.mark.parametrize("draws", ["nothing", "from its rng"])
+def test_only_a_step_that_draws_from_its_seed_runs_under_every_seed(monkeypatch, tmp_path, draws):
+    """The toy check as it is draws nothing: it runs under the first two seeds only, and every seed
+    still has its verdict. Made to draw one number, it runs under all five."""
+    import toylab.lab
+
+    toylab.install(monkeypatch, tmp_path, {"float_accepted": toylab.wrong(
+        "accepts a float", "1.type", "type(n) is not int", "type(n) not in (int, float)")})
+    monkeypatch.setattr(catalogue, "_STEPS", {})
+    ran = []
+
+    def check(ctx):
+        ran.append(ctx.seed)
+        if draws != "nothing":
+            ctx.rng.random()
+        return toylab.lab.check_half(ctx)
+
+    monkeypatch.setattr(toylab.lab.LAB.steps[0], "run", check)
+    runs = verdicts_by_seed("toy", wrong_file("toy", "float_accepted"))
+    assert set(runs) == set(SEEDS) and all(not steps["1"].passed for steps in runs.values())
+    assert sorted(ran) == (list(BOTH_RUN) if draws == "nothing" else list(SEEDS))
+    assert runs[SEEDS[0]]["1"].seed_read is (draws != "nothing")
+
+
+DRAWS = {
+    "random": lambda r: r.random(), "randint": lambda r: r.randint(1, 6), "randrange": lambda r: r.randrange(10),
+    "choice": lambda r: r.choice("abc"), "choices": lambda r: r.choices("abc", k=2),
+    "shuffle": lambda r: r.shuffle([1, 2, 3]), "sample": lambda r: r.sample(range(9), 3),
+    "uniform": lambda r: r.uniform(0, 1), "gauss": lambda r: r.gauss(0, 1), "getrandbits": lambda r: r.getrandbits(8),
+    "randbytes": lambda r: r.randbytes(4), "triangular": lambda r: r.triangular(),
+    "expovariate": lambda r: r.expovariate(1.0),
+}
+
+
+@pytest.mark.parametrize("method", sorted(DRAWS))
+def test_a_steps_random_stream_notes_every_kind_of_draw(method):
+    use = SeedUse()
+    rng = SeededRandom("1:2", use)
+    assert not use.read
+    DRAWS[method](rng)
+    assert use.read
+    assert DRAWS[method](SeededRandom("1:2", SeedUse())) == DRAWS[method](random.Random("1:2"))  # the same stream
+
+
+def test_no_check_reads_its_contexts_seed_directly():
+    """What a check derives from the seed must come from `ctx.rng` or `ctx.seed_for`, which note
+    it: a check reading `ctx.seed` would draw unnoticed, and its steps would skip seeds."""
+    root = Path(__file__).resolve().parents[1]
+    found = []
+    for path in [*root.joinpath("checks").rglob("*.py"), *root.joinpath("labkit").rglob("*.py")]:
+        if path.name == "run.py" and path.parent.name == "judge":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Attribute) and node.attr == "seed" and (
+                    (isinstance(node.value, ast.Name) and node.value.id == "ctx")
+                    or (isinstance(node.value, ast.Attribute) and node.value.attr == "ctx")):
+                found.append(f"{path.relative_to(root)}:{node.lineno}")
+    assert found == []

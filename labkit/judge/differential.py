@@ -468,12 +468,16 @@ def _run_here(test: Callable[[], None]) -> tuple[Finding | None, _Stop | None]:
 
 def _seed(ctx: StepContext, fn: str) -> int:
     """One seed per verdict seed, step and function, independent of what else the check draws."""
-    return _seed_of(ctx.seed, ctx.step, fn)
+    return _hashed(ctx.seed_for(fn))
 
 
 def _seed_of(seed: int, step: int | str, fn: str) -> int:
-    digest = hashlib.sha256(f"{seed}:{step}:{fn}".encode()).digest()
-    return int.from_bytes(digest[:8], "big")
+    """`_seed` for a verdict seed without a step's context (inputs drawn ahead)."""
+    return _hashed(f"{seed}:{step}:{fn}")
+
+
+def _hashed(text: str) -> int:
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")
 
 
 def _disagreement(args: tuple, reply: dict, expected: dict, check_unchanged: bool) -> Finding | None:

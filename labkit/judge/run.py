@@ -101,8 +101,38 @@ def lab_spec(package: str, runs: Mapping[int | str, Callable], contract: tuple =
 
 
 @dataclass
+class SeedUse:
+    """Whether a step's check drew anything from its verdict seed: its `rng` (any method) or the
+    seed itself (`StepContext.seed_for`). A check that drew nothing gives the same inputs under
+    every seed, so its verdict cannot depend on the seed (the catalogue's seed test relies on it)."""
+
+    read: bool = False
+
+
+class SeededRandom(random.Random):
+    """A step's random stream that notes in `use` its first draw. Every draw of `random.Random`
+    goes through `random()` or `getrandbits()` (choice, shuffle, randrange and sample too)."""
+
+    def __init__(self, seed: str, use: SeedUse) -> None:
+        self.use = use
+        super().__init__(seed)
+
+    def random(self) -> float:
+        self.use.read = True
+        return super().random()
+
+    def getrandbits(self, k: int) -> int:
+        self.use.read = True
+        return super().getrandbits(k)
+
+
+@dataclass
 class StepContext:
-    """What one step's check gets: a temp dir, a seeded RNG, and a way to run a child."""
+    """What one step's check gets: a temp dir, a seeded RNG, and a way to run a child.
+
+    A check takes what it draws from `rng`, or from `seed_for`; it never reads `seed` itself
+    (tests/test_contract.py says so for every lab), so that `seed_use` knows whether the
+    verdict could depend on the seed."""
 
     lab: LabSpec
     solution: Path
@@ -118,6 +148,13 @@ class StepContext:
     early: Started | None = None  # the step's first child, started with the step (`start_early`)
     _taking: threading.Lock = field(default_factory=threading.Lock, repr=False)  # children start side by side
     started_apart: list[StepContext] = field(default_factory=list)  # `apart(early=True)` ones, shared
+    seed_use: SeedUse = field(default_factory=SeedUse)  # shared with `apart` contexts
+
+    def seed_for(self, purpose: str) -> str:
+        """A seed of its own for `purpose` (a property test's function), from the verdict seed
+        and the step: what that draws does not depend on what else the check drew."""
+        self.seed_use.read = True
+        return f"{self.seed}:{self.step}:{purpose}"
 
     def start_early(self) -> None:
         """Start the step's first child now: it boots while the check prepares its servers and
@@ -154,7 +191,7 @@ class StepContext:
         `early`: its first child starts now (`start_early`); the step's end closes it if unused."""
         workdir = scratch.folder(f"labkit-{name}-")
         self.folders.append(workdir)
-        apart = dataclasses.replace(self, workdir=workdir, rng=random.Random(f"{self.seed}:{self.step}:{name}"),
+        apart = dataclasses.replace(self, workdir=workdir, rng=SeededRandom(f"{self.seed}:{self.step}:{name}", self.seed_use),
                                     early=None, _taking=threading.Lock())
         if early:
             apart.start_early()
@@ -230,8 +267,9 @@ def _run_step(lab: LabSpec, spec: StepSpec, solution: Path, seed: int, timeout: 
     if untouched is not None:  # nothing of the student's to run: the verdict every case would give
         return StepVerdict(spec.step, spec.title, spec.points, cases=untouched, seconds=time.monotonic() - started)
     workdir = scratch.folder("labkit-")
-    ctx = StepContext(lab, solution, workdir, random.Random(f"{seed}:{spec.step}"), seed, timeout, step=spec.step,
-                      shared=shared)
+    use = SeedUse()
+    ctx = StepContext(lab, solution, workdir, SeededRandom(f"{seed}:{spec.step}", use), seed, timeout, step=spec.step,
+                      shared=shared, seed_use=use)
     verdict = StepVerdict(spec.step, spec.title, spec.points)
     try:
         ctx.start_early()
@@ -252,6 +290,7 @@ def _run_step(lab: LabSpec, spec: StepSpec, solution: Path, seed: int, timeout: 
         ctx.evidence.ladder.clear()
     if ctx.evidence.timeline or ctx.evidence.ladder or ctx.evidence.faults:
         verdict.evidence = ctx.evidence
+    verdict.seed_read = use.read
     verdict.seconds = time.monotonic() - started
     return verdict
 

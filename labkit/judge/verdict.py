@@ -98,6 +98,9 @@ class StepVerdict:
     # at its last run or changed since (`labkit.notebook.attempts`).
     judged: str = ""
     warning: str = ""
+    # Whether the check drew from the verdict seed (`run.SeedUse`); not part of the JSON. A step
+    # judged elsewhere (or rebuilt from JSON) is taken to have drawn.
+    seed_read: bool = True
 
     @property
     def passed(self) -> bool:
