@@ -6,6 +6,7 @@ paired with the same thing done rightly (or by the judge) succeeding."""
 from __future__ import annotations
 
 import os
+import select
 import signal
 import socket
 import time
@@ -92,9 +93,23 @@ def test_a_port_taken_before_the_server_binds_it_is_retried(base, monkeypatch):
         with valkey.running(base / "vk") as server:
             assert server.port != taken.getsockname()[1]
             assert "in use" in server.log.read_text()
+        # The judge never knocked on the port's holder: a check's listener there once took the
+        # judge's readiness probe for a client of its own.
+        assert not select.select([taken], [], [], 0)[0], "the judge connected to the port's other holder"
     finally:
         taken.close()
     assert nothing_left(server)
+
+
+def test_a_servers_port_is_one_the_kernel_never_hands_out_by_itself():
+    """Below the kernel's range for port 0 and a connection's own end: no listener another check
+    opens meanwhile can be given the port between the choice and the server's bind (or restart)."""
+    from labkit.servers.processes import ephemeral_ports, free_port
+
+    low, high = ephemeral_ports()
+    ports = {free_port("127.0.0.1") for _ in range(20)}
+    assert all(port < low for port in ports), (sorted(ports), low, high)
+    assert len(ports) > 1  # drawn, not one fixed port every judge on the machine would want
 
 
 def test_no_connection_is_anyone_until_it_authenticates(server):

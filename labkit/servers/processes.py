@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import random
 import shutil
 import signal
 import socket
@@ -158,13 +159,43 @@ def remove_folder(folder: Path) -> None:
         shutil.rmtree(folder)
 
 
+# Below the kernel's range for ports it hands out itself (bind to port 0, a connect's own end):
+# a port chosen here stays free until the server binds it, and again between a kill and its
+# restart, however many listeners other checks open meanwhile. One a listener got from the
+# kernel, released and then given to the server, was soon given to the next listener asking:
+# the server could not bind, and the judge's readiness probe connected to that listener (a
+# check of lab 01 running beside lab 04 saw "a connection" it had not made).
+SERVER_PORTS_FROM = 20000
+PORT_CANDIDATES = 64
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port the OS just gave out and nobody holds now (a server cannot be told "port 0" here:
-    Valkey takes 0 to mean "no TCP"). Another process may take it before the server binds, so
-    the caller retries a start that says the address is in use."""
+    """A port nobody holds now, for a server that cannot be told "port 0" (Valkey takes 0 to
+    mean "no TCP"): from below the kernel's own range of ports (`ephemeral_ports`), where no
+    other program's listener or connection is given it meanwhile; from the kernel when none
+    there can be bound. A program that binds that very port by number can still take it first,
+    so the caller retries a start that says the address is in use."""
+    low, _high = ephemeral_ports()
+    if low - SERVER_PORTS_FROM > PORT_CANDIDATES:
+        for port in random.sample(range(SERVER_PORTS_FROM, low), PORT_CANDIDATES):
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                try:
+                    sock.bind((host, port))
+                except OSError:
+                    continue
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]
+
+
+def ephemeral_ports() -> tuple[int, int]:
+    """The kernel's range of ports it hands out by itself (Linux's default if unreadable)."""
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
 
 
 def log_tail(log: Path, lines: int = 15) -> str:

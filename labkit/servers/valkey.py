@@ -65,7 +65,8 @@ __all__ = ["Valkey", "ValkeyServer", "ValkeyUser", "ValkeyMissing", "find_progra
 HOST = "127.0.0.1"
 JUDGE = "judge"
 START_TIMEOUT = 20.0
-PORT_TRIES = 5  # a port handed out by the OS can be taken again before the server binds it
+PORT_TRIES = 5  # a program binding that very port could still take it before the server does
+READY = b"Ready to accept connections"  # what the server logs once it listens
 
 # A step's user: its keys, the commands the lab's contract names, nothing that reaches beyond
 # them. Order matters: later rules win, so `-@dangerous` and the named ones come last.
@@ -232,7 +233,9 @@ def _launch(server: ValkeyServer, retry_if_taken: bool = False) -> bool:
                 return False
             raise ServerFailed(f"{server.program} ({server.source}) exited with {server.process.returncode} "
                                f"on port {server.port}:\n{log_tail(server.log)}")
-        if _answers(server):
+        # Only once the server says it listens: before, the port may be another program's (a
+        # start that could not bind it), and the judge's PING would land there.
+        if READY in server.log.read_bytes()[log_start:] and _answers(server):
             return True
         if time.monotonic() > deadline:
             raise ServerFailed(f"valkey did not answer in {START_TIMEOUT:.0f} s:\n{log_tail(server.log)}")
