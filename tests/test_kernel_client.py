@@ -7,30 +7,33 @@ worker that way until the batch killed it. Without the thread there is nothing t
 
 from __future__ import annotations
 
-import socket
+import contextlib
 
 from labkit.grading.kernel_box import NoHeartbeatClient
+from labkit.judge import ports
 
 
-def _free_ports(count: int) -> list[int]:
-    held = [socket.socket() for _ in range(count)]
+@contextlib.contextmanager
+def _refusing_ports(count: int):
+    """Ports bound and never listening while the test runs: the client's connections are refused,
+    and no other test's listener on this machine can be given one meanwhile (and take these
+    connections for clients of its own)."""
+    held = [ports.refusing_port() for _ in range(count)]
     try:
-        for s in held:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in held]
+        yield [s.getsockname()[1] for s in held]
     finally:
         for s in held:
             s.close()
 
 
 def test_the_grading_client_starts_every_channel_but_the_heartbeat():
-    shell, iopub, stdin, control, hb = _free_ports(5)
-    client = NoHeartbeatClient()
-    client.load_connection_info({"transport": "tcp", "ip": "127.0.0.1", "shell_port": shell, "iopub_port": iopub,
-                                 "stdin_port": stdin, "control_port": control, "hb_port": hb, "key": ""})
-    client.start_channels()
-    try:
-        assert client.shell_channel.is_alive() and client.iopub_channel.is_alive()
-        assert not client.hb_channel.is_alive()
-    finally:
-        client.stop_channels()
+    with _refusing_ports(5) as (shell, iopub, stdin, control, hb):
+        client = NoHeartbeatClient()
+        client.load_connection_info({"transport": "tcp", "ip": "127.0.0.1", "shell_port": shell, "iopub_port": iopub,
+                                     "stdin_port": stdin, "control_port": control, "hb_port": hb, "key": ""})
+        client.start_channels()
+        try:
+            assert client.shell_channel.is_alive() and client.iopub_channel.is_alive()
+            assert not client.hb_channel.is_alive()
+        finally:
+            client.stop_channels()

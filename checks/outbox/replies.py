@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from labkit.judge import ports
 from labkit.judge.ports import refusing_port
 
 MAX_HEAD = 64 * 1024
@@ -178,7 +179,7 @@ class Replier:
         if TIMESTAMPNS is not None:
             with contextlib.suppress(OSError):  # accepted connections inherit it
                 sock.setsockopt(socket.SOL_SOCKET, TIMESTAMPNS, 1)
-        sock.bind((host, 0))
+        ports.bind(sock, host)
         sock.listen(16)
         sock.setblocking(False)
         listener = Listener(host, sock.getsockname()[1], list(replies), sock)

@@ -37,6 +37,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from labkit.judge import ports
+
 __all__ = ["FAULTS", "Feed", "start_feed"]
 
 FAULTS = (
@@ -171,7 +173,7 @@ class _Server:
         self.threads: list[threading.Thread] = []
         self.listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
-            self.listener.bind((HOST, 0))
+            ports.bind(self.listener, HOST)
             self.listener.listen(16)
             self.listener.setblocking(False)
             self.port = self.listener.getsockname()[1]

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from labkit.judge import tcp_table
+from labkit.judge import ports, tcp_table
 
 MAX_REQUEST = 256 * 1024  # a sighting's request body (an encoded event, at most)
 MAX_HEAD_LINE = 8192
@@ -90,6 +90,9 @@ class Witness:
 
         class Server(socketserver.ThreadingTCPServer):
             daemon_threads = True
+
+            def server_bind(self):
+                self.server_address = ("127.0.0.1", ports.bind(self.socket))
 
             def handle_error(self, request, client_address):
                 pass

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import pwd
-import random
 import shutil
 import signal
 import socket
@@ -25,6 +24,8 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+
+from labkit.judge import ports
 
 NOBODY = 65534  # the uid a root caller's servers run as (Debian's `nobody`: it has an account)
 SERVER_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LC_ALL": "C", "LANG": "C", "TZ": "UTC"}
@@ -159,43 +160,14 @@ def remove_folder(folder: Path) -> None:
         shutil.rmtree(folder)
 
 
-# Below the kernel's range for ports it hands out itself (bind to port 0, a connect's own end):
-# a port chosen here stays free until the server binds it, and again between a kill and its
-# restart, however many listeners other checks open meanwhile. One a listener got from the
-# kernel, released and then given to the server, was soon given to the next listener asking:
-# the server could not bind, and the judge's readiness probe connected to that listener (a
-# check of lab 01 running beside lab 04 saw "a connection" it had not made).
-SERVER_PORTS_FROM = 20000
-PORT_CANDIDATES = 64
-
-
 def free_port(host: str = "127.0.0.1") -> int:
     """A port nobody holds now, for a server that cannot be told "port 0" (Valkey takes 0 to
-    mean "no TCP"): from below the kernel's own range of ports (`ephemeral_ports`), where no
-    other program's listener or connection is given it meanwhile; from the kernel when none
-    there can be bound. A program that binds that very port by number can still take it first,
-    so the caller retries a start that says the address is in use."""
-    low, _high = ephemeral_ports()
-    if low - SERVER_PORTS_FROM > PORT_CANDIDATES:
-        for port in random.sample(range(SERVER_PORTS_FROM, low), PORT_CANDIDATES):
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-                try:
-                    sock.bind((host, port))
-                except OSError:
-                    continue
-                return port
+    mean "no TCP"): from `ports.SERVERS`, below the kernel's own range, so no listener or
+    connection elsewhere is given it before the server binds it, or between a kill and its
+    restart. A program binding that very port by number can still take it first, so the
+    caller retries a start that says the address is in use."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
-
-
-def ephemeral_ports() -> tuple[int, int]:
-    """The kernel's range of ports it hands out by itself (Linux's default if unreadable)."""
-    try:
-        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
-        return low, high
-    except (OSError, ValueError):
-        return 32768, 60999
+        return ports.bind(sock, host, ports.SERVERS)
 
 
 def log_tail(log: Path, lines: int = 15) -> str:

@@ -32,7 +32,6 @@ import json
 import math
 import os
 import socket
-import socketserver
 import subprocess
 import threading
 import time
@@ -42,6 +41,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from labkit.judge import ports
 from labkit.limits import STEP_TIMEOUT
 from labkit.probe.warehouse import _describe  # one way to quote a student's exception
 
@@ -295,8 +295,11 @@ class _Server(ThreadingHTTPServer):
         self.timeout = POLL_INTERVAL
 
     def server_bind(self) -> None:
-        # HTTPServer.server_bind calls socket.getfqdn(), a DNS lookup we neither need nor want.
-        socketserver.TCPServer.server_bind(self)
+        # HTTPServer.server_bind calls socket.getfqdn(), a DNS lookup we neither need nor want;
+        # the port comes from below the kernel's range (`labkit.judge.ports`)
+        if self.allow_reuse_address:
+            self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.server_address = (self.server_address[0], ports.bind(self.socket, self.server_address[0]))
         self.server_name, self.server_port = self.server_address[:2]
 
     def process_request(self, request, client_address) -> None:
