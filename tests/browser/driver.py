@@ -175,7 +175,11 @@ def wait_for_kernel(page) -> None:
 
 def open_and_run_all(page, server: JupyterLab, notebook: str) -> None:
     page.goto(server.url(notebook))
-    wait_for_kernel(page)
+    try:
+        wait_for_kernel(page)
+    except Exception as exc:  # Playwright's timeout says nothing of why: the server's log does
+        raise AssertionError(f"the kernel of {notebook} was not ready: {exc}\n"
+                             f"jupyter's log ends:\n{server.log_path.read_text(errors='replace')[-3000:]}") from exc
     menu(page, "Run", "Run All Cells")
 
 
