@@ -410,19 +410,24 @@ class ZygotePopen:
 
     def _read(self, timeout: float | None) -> None:
         with self._lock:
-            if self.returncode is not None:
+            if self.returncode is not None or self._status_r is None:
                 return
             if not select.select([self._status_r], [], [], timeout)[0]:
                 return
             data = os.read(self._status_r, ENDED.size)
+            # closed once, and never read again, even if what follows raises: the number may
+            # soon be another thread's file
             os.close(self._status_r)
+            self._status_r = None
             if len(data) == ENDED.size:
                 code, user, system = ENDED.unpack(data)
                 self.cpu_seconds = user + system
             else:
                 code = -signal.SIGKILL
-            self._end(code)
-            self.returncode = code
+            try:
+                self._end(code)
+            finally:
+                self.returncode = code
 
     def _end(self, code: int) -> None:
         """Its box ends with it; the box's report (usage, OOM kills) with how the child ended."""
