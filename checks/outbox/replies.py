@@ -237,7 +237,7 @@ class Replier:
 
 
 # Linux's TCP states (include/net/tcp_states.h) in which the peer has sent its FIN or a reset.
-_PEER_CLOSED = {7, 8, 9, 6, 11}  # CLOSE, CLOSE_WAIT, LAST_ACK, TIME_WAIT, CLOSING
+_PEER_CLOSED = {6, 7, 8, 9, 11}  # TIME_WAIT, CLOSE, CLOSE_WAIT, LAST_ACK, CLOSING
 _TCP_INFO = getattr(socket, "TCP_INFO", 11 if sys.platform == "linux" else None)
 
 

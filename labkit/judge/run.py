@@ -131,7 +131,7 @@ class StepContext:
     """What one step's check gets: a temp dir, a seeded RNG, and a way to run a child.
 
     A check takes what it draws from `rng`, or from `seed_for`; it never reads `seed` itself
-    (tests/test_contract.py says so for every lab), so that `seed_use` knows whether the
+    (tests/test_catalogue_seeds.py looks for such reads), so that `seed_use` knows whether the
     verdict could depend on the seed."""
 
     lab: LabSpec
