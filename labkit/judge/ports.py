@@ -13,6 +13,7 @@ between its kill and its restart).
 
 from __future__ import annotations
 
+import functools
 import random
 import socket
 from pathlib import Path
@@ -22,8 +23,10 @@ LISTENERS = range(25000, 32768)
 TRIES = 64
 
 
+@functools.cache
 def ephemeral_ports() -> tuple[int, int]:
-    """The kernel's range of ports it hands out by itself (Linux's default if unreadable)."""
+    """The kernel's range of ports it hands out by itself (Linux's default if unreadable); read
+    once a process (step 8 alone binds ~60 listeners a run)."""
     try:
         low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
         return low, high
